@@ -1,0 +1,147 @@
+"""The plain-data seam between the scheduler and a model runner.
+
+The scheduler describes one step as a ``ForwardBatch`` (which requests, how many new tokens
+each, which KV slots they go to, which images they need); a runner executes it and returns
+a ``ResultHandle`` whose ``result()`` gives the sampled tokens. Nothing here holds a ROS
+message or a CUDA tensor: index tensors are CPU torch tensors, images are numpy arrays, so a
+batch can be logged, replayed and run by a simulated runner in tests.
+
+Index ranges of request ``i`` in a batch (positions in its token sequence)::
+
+    0 ............ prefix_lens[i] ............ seq_lens[i]
+    |  KV already in the pool  |  new tokens this step   |
+                               <-- extend_lens[i] ------>
+
+``input_ids`` and ``out_cache_loc`` hold the new tokens of all requests back to back, in
+batch order. For a decode step every ``extend_lens[i]`` is 1.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+import torch
+
+
+class ForwardMode(enum.Enum):
+    """What kind of step a batch is."""
+
+    EXTEND = 'extend'  # prefill of new tokens on top of a cached prefix (chunked or whole)
+    DECODE = 'decode'  # one new token per request
+    IDLE = 'idle'  # nothing to run
+
+
+@dataclass(frozen=True, slots=True)
+class ImageInput:
+    """One image of a request and where its placeholder tokens sit in the prompt.
+
+    ``token_offset`` and ``num_tokens`` locate the placeholder span in the request's
+    token sequence. ``content_hash`` identifies the pixels (the radix cache keys the span
+    by it); a runner may cache the vision features by it.
+    """
+
+    content_hash: int
+    token_offset: int
+    num_tokens: int
+    pixels: np.ndarray  # uint8 [H, W, 3], RGB
+
+    @property
+    def token_end(self) -> int:
+        return self.token_offset + self.num_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """How a request's next tokens are chosen.
+
+    Tokens are drawn only from ``[allowed_token_start, allowed_token_end)`` (the action
+    token range for a VLA); ``temperature == 0`` means greedy.
+    """
+
+    allowed_token_start: int
+    allowed_token_end: int
+    temperature: float = 0.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.allowed_token_start < self.allowed_token_end:
+            raise ValueError(
+                f'empty or negative allowed token range '
+                f'[{self.allowed_token_start}, {self.allowed_token_end})'
+            )
+        if not self.temperature >= 0.0:
+            raise ValueError(f'temperature must be >= 0, got {self.temperature}')
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class ForwardBatch:
+    """One model step for a batch of requests (see the module docstring for the ranges).
+
+    ``sample[i]`` says whether request ``i`` needs a next token from this step: false for
+    a chunk that does not reach the end of its prompt.
+    """
+
+    forward_mode: ForwardMode
+    rids: tuple[str, ...]
+    req_pool_indices: torch.Tensor  # int64 [B], rows of ReqToTokenPool.req_to_token
+    prefix_lens: torch.Tensor  # int64 [B]
+    extend_lens: torch.Tensor  # int64 [B]
+    seq_lens: torch.Tensor  # int64 [B], prefix_lens + extend_lens
+    input_ids: torch.Tensor  # int64 [sum(extend_lens)]
+    out_cache_loc: torch.Tensor  # int64 [sum(extend_lens)], KV slots of the new tokens
+    sample: tuple[bool, ...]
+    sampling: tuple[SamplingParams, ...]
+    images: tuple[tuple[ImageInput, ...], ...]  # per request: images of its prompt
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.rids)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.numel())
+
+    def check(self) -> None:
+        """Raise ValueError unless the fields agree with each other."""
+        b = self.batch_size
+        for name in ('req_pool_indices', 'prefix_lens', 'extend_lens', 'seq_lens'):
+            t = getattr(self, name)
+            if t.dtype != torch.int64 or t.shape != (b,):
+                raise ValueError(f'{name} must be int64 [{b}], got {t.dtype} {tuple(t.shape)}')
+        if len(self.sample) != b or len(self.sampling) != b or len(self.images) != b:
+            raise ValueError('sample, sampling and images need one entry per request')
+        if not torch.equal(self.prefix_lens + self.extend_lens, self.seq_lens):
+            raise ValueError('seq_lens != prefix_lens + extend_lens')
+        n = int(self.extend_lens.sum())
+        if self.input_ids.shape != (n,) or self.out_cache_loc.shape != (n,):
+            raise ValueError(f'input_ids and out_cache_loc must hold {n} tokens')
+        if self.forward_mode is ForwardMode.DECODE and bool((self.extend_lens != 1).any()):
+            raise ValueError('a decode batch extends every request by exactly one token')
+
+
+@dataclass(frozen=True, slots=True)
+class ForwardOutput:
+    """What a runner returns for one batch.
+
+    ``next_token_ids[i]`` is the sampled token of request ``i``, or -1 where
+    ``batch.sample[i]`` was false.
+    """
+
+    next_token_ids: tuple[int, ...]
+
+
+class ResultHandle(Protocol):
+    """A launched step; ``result()`` blocks until its tokens are known."""
+
+    def result(self) -> ForwardOutput: ...
+
+
+class ModelRunner(Protocol):
+    """What the scheduler needs from a model runner."""
+
+    def launch(self, batch: ForwardBatch) -> ResultHandle:
+        """Start the step (asynchronously where the device allows) and return its handle."""
+        ...

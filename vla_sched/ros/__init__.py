@@ -1,0 +1,1 @@
+"""The ROS 2 layer: the only place that imports rclpy and message types."""
