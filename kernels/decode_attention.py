@@ -1,0 +1,359 @@
+"""Paged decode attention: one new query token per request over that request's KV slots.
+
+Layout, per decoder layer: ``k_cache [num_slots, num_kv_heads, head_dim]`` and
+``v_cache [num_slots, num_kv_heads, v_head_dim]`` (contiguous). Request ``i`` reads its
+slots through the engine's slot table: ``req_to_token[req_pool_indices[i], 0:seq_lens[i]]``.
+Its query (position ``seq_len - 1``, whose own K/V is already stored) attends to all of
+them. GQA: query head ``h`` uses KV head ``h // (num_q_heads // num_kv_heads)``.
+
+The Triton path is split-K flash decoding in two stages (after SGLang's
+``decode_attention.py``, itself after lightllm): stage 1 runs one program per (request,
+KV head, block of up to 16 query heads of that group, KV split), streams the split's K/V
+through an online softmax and writes the normalized partial output and its natural-log
+log-sum-exp; stage 2 merges the splits of each (request, query head). The scratch buffers
+and the per-request split counts come from the caller, so a launch can be captured in a
+CUDA graph. Dtypes: fp16/bf16 on a GPU, fp32 anywhere (exact fp32 dots).
+
+Entry points: ``decode_attention`` (Triton launcher), ``decode_attention_ref`` (float32
+torch reference), ``run_decode_attention`` (dispatcher that also allocates the scratch),
+``choose_num_kv_splits`` (the split heuristic the dispatcher uses).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from vla_sched.kernels import _validate as checks
+
+# A split never holds fewer tokens than this, so short requests are not split.
+MIN_TOKENS_PER_SPLIT = 256
+# Stage-1 programs wanted per streaming multiprocessor before splitting stops.
+PROGRAMS_PER_SM = 4
+# Query heads one stage-1 program handles (the M side of its tl.dot, at least 16 on a GPU).
+HEADS_PER_PROGRAM = 16
+
+
+def _check_decode_inputs(
+    *,
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    seq_lens: torch.Tensor,
+) -> None:
+    checks.check_kv_cache(k_cache, v_cache)
+    checks.check_rank('q', q, 3)
+    batch_size, num_q_heads, head_dim = q.shape
+    if head_dim != k_cache.shape[2]:
+        raise ValueError(f'q head_dim {head_dim} != k_cache head_dim {k_cache.shape[2]}')
+    checks.check_gqa_heads(num_q_heads, k_cache.shape[1])
+    checks.check_same_dtype({'k_cache': k_cache, 'q': q})
+    checks.check_last_dim_unit_stride({'q': q})
+    checks.check_rank('req_to_token', req_to_token, 2)
+    checks.check_dtype('req_to_token', req_to_token, checks.INDEX_DTYPES)
+    checks.check_contiguous({'req_to_token': req_to_token})
+    for name, tensor in (('req_pool_indices', req_pool_indices), ('seq_lens', seq_lens)):
+        checks.check_shape(name, tensor, (batch_size,))
+        checks.check_dtype(name, tensor, checks.INDEX_DTYPES)
+    checks.check_same_device(
+        {
+            'q': q,
+            'k_cache': k_cache,
+            'v_cache': v_cache,
+            'req_to_token': req_to_token,
+            'req_pool_indices': req_pool_indices,
+            'seq_lens': seq_lens,
+        }
+    )
+
+
+def _check_decode_values(
+    *,
+    k_cache: torch.Tensor,
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    seq_lens: torch.Tensor,
+) -> None:
+    checks.check_index_range('seq_lens', seq_lens, 1, req_to_token.shape[1] + 1)
+    checks.check_slot_table_reads(
+        req_to_token=req_to_token,
+        req_pool_indices=req_pool_indices,
+        num_tokens=seq_lens,
+        num_slots=k_cache.shape[0],
+    )
+
+
+def decode_attention_ref(
+    *,
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    seq_lens: torch.Tensor,
+    sm_scale: float,
+) -> torch.Tensor:
+    """Float32 torch reference for paged decode attention.
+
+    Args:
+        q: [B, Hq, D] query of each request's newest token.
+        k_cache: [num_slots, Hkv, D] key cache of one layer.
+        v_cache: [num_slots, Hkv, Dv] value cache of the same layer.
+        req_to_token: [num_req_slots, max_context_len] int32 slot table.
+        req_pool_indices: [B] int64 row of each request in ``req_to_token``.
+        seq_lens: [B] int64 number of positions each request attends to (>= 1).
+        sm_scale: softmax scale, usually ``head_dim ** -0.5``.
+
+    Returns:
+        [B, Hq, Dv] attention output in ``q.dtype`` (computed in float32).
+
+    Raises:
+        ValueError, TypeError: for shapes, dtypes or devices that do not match.
+        IndexError: for a slot, row or length out of range (always checked here).
+    """
+    _check_decode_inputs(
+        q=q,
+        k_cache=k_cache,
+        v_cache=v_cache,
+        req_to_token=req_to_token,
+        req_pool_indices=req_pool_indices,
+        seq_lens=seq_lens,
+    )
+    batch_size, num_q_heads, head_dim = q.shape
+    num_kv_heads, v_head_dim = v_cache.shape[1], v_cache.shape[2]
+    if batch_size == 0:
+        return q.new_empty((0, num_q_heads, v_head_dim))
+    _check_decode_values(
+        k_cache=k_cache,
+        req_to_token=req_to_token,
+        req_pool_indices=req_pool_indices,
+        seq_lens=seq_lens,
+    )
+    max_len = int(seq_lens.max())
+    positions = torch.arange(max_len, device=q.device)
+    valid = positions[None, :] < seq_lens[:, None]
+    slots = req_to_token[req_pool_indices.long(), :max_len].long()
+    slots = torch.where(valid, slots, torch.zeros_like(slots))
+    # Padding positions read slot 0, which may hold anything: zero what they gathered.
+    padding = ~valid[:, :, None, None]
+    keys = k_cache[slots].float().masked_fill(padding, 0.0)  # [B, L, Hkv, D]
+    values = v_cache[slots].float().masked_fill(padding, 0.0)  # [B, L, Hkv, Dv]
+    group = num_q_heads // num_kv_heads
+    queries = q.float().reshape(batch_size, num_kv_heads, group, head_dim)
+    scores = torch.einsum('bkgd,blkd->bkgl', queries, keys) * sm_scale
+    scores = scores.masked_fill(~valid[:, None, None, :], float('-inf'))
+    probs = torch.softmax(scores, dim=-1)
+    out = torch.einsum('bkgl,blkd->bkgd', probs, values)
+    return out.reshape(batch_size, num_q_heads, v_head_dim).to(q.dtype)
+
+
+def _check_decode_outputs(
+    *,
+    q: torch.Tensor,
+    v_cache: torch.Tensor,
+    out: torch.Tensor,
+    attn_logits: torch.Tensor,
+    attn_lse: torch.Tensor,
+    num_kv_splits: torch.Tensor,
+) -> None:
+    batch_size, num_q_heads, _ = q.shape
+    v_head_dim = v_cache.shape[2]
+    checks.check_shape('out', out, (batch_size, num_q_heads, v_head_dim))
+    checks.check_same_dtype({'q': q, 'out': out})
+    checks.check_last_dim_unit_stride({'out': out})
+    checks.check_rank('attn_logits', attn_logits, 4)
+    max_kv_splits = attn_logits.shape[2]
+    if max_kv_splits < 1:
+        raise ValueError('attn_logits must have at least one KV split (dimension 2)')
+    checks.check_shape(
+        'attn_logits', attn_logits, (batch_size, num_q_heads, max_kv_splits, v_head_dim)
+    )
+    checks.check_shape('attn_lse', attn_lse, (batch_size, num_q_heads, max_kv_splits))
+    checks.check_shape('num_kv_splits', num_kv_splits, (batch_size,))
+    checks.check_dtype('attn_logits', attn_logits, (torch.float32,))
+    checks.check_dtype('attn_lse', attn_lse, (torch.float32,))
+    checks.check_dtype('num_kv_splits', num_kv_splits, (torch.int32,))
+    checks.check_contiguous({'attn_logits': attn_logits, 'attn_lse': attn_lse})
+    checks.check_same_device(
+        {
+            'q': q,
+            'out': out,
+            'attn_logits': attn_logits,
+            'attn_lse': attn_lse,
+            'num_kv_splits': num_kv_splits,
+        }
+    )
+
+
+def decode_attention(
+    *,
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    seq_lens: torch.Tensor,
+    out: torch.Tensor,
+    attn_logits: torch.Tensor,
+    attn_lse: torch.Tensor,
+    num_kv_splits: torch.Tensor,
+    sm_scale: float,
+    debug: bool | None = None,
+) -> None:
+    """Triton launcher for split-K paged decode attention; writes ``out`` in place.
+
+    Args:
+        q, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens, sm_scale: as in
+            :func:`decode_attention_ref`.
+        out: [B, Hq, Dv] output in ``q.dtype``, last dimension unit-stride.
+        attn_logits: [B, Hq, max_kv_splits, Dv] float32 scratch for partial outputs.
+        attn_lse: [B, Hq, max_kv_splits] float32 scratch for their log-sum-exps.
+        num_kv_splits: [B] int32 splits per request, 1..max_kv_splits (values outside are
+            clamped in the kernel and rejected in debug mode).
+        debug: check slot, row, length and split values (a host sync); None reads the
+            ``VLA_SCHED_KERNEL_DEBUG`` environment variable at call time.
+    """
+    _check_decode_inputs(
+        q=q,
+        k_cache=k_cache,
+        v_cache=v_cache,
+        req_to_token=req_to_token,
+        req_pool_indices=req_pool_indices,
+        seq_lens=seq_lens,
+    )
+    _check_decode_outputs(
+        q=q,
+        v_cache=v_cache,
+        out=out,
+        attn_logits=attn_logits,
+        attn_lse=attn_lse,
+        num_kv_splits=num_kv_splits,
+    )
+    if checks.debug_enabled(debug):
+        _check_decode_values(
+            k_cache=k_cache,
+            req_to_token=req_to_token,
+            req_pool_indices=req_pool_indices,
+            seq_lens=seq_lens,
+        )
+        checks.check_index_range('num_kv_splits', num_kv_splits, 1, attn_logits.shape[2] + 1)
+    if q.shape[0] == 0:
+        return
+    from vla_sched.kernels._decode_attention_jit import launch_decode_attention
+
+    launch_decode_attention(
+        q=q,
+        k_cache=k_cache,
+        v_cache=v_cache,
+        req_to_token=req_to_token,
+        req_pool_indices=req_pool_indices,
+        seq_lens=seq_lens,
+        out=out,
+        attn_logits=attn_logits,
+        attn_lse=attn_lse,
+        num_kv_splits=num_kv_splits,
+        sm_scale=float(sm_scale),
+        heads_per_program=HEADS_PER_PROGRAM,
+    )
+
+
+def choose_num_kv_splits(
+    *,
+    seq_lens: torch.Tensor,
+    num_q_heads: int,
+    num_kv_heads: int,
+    max_kv_splits: int,
+    num_sms: int,
+) -> torch.Tensor:
+    """Picks each request's KV split count without leaving the device.
+
+    Splits only as far as needed to give every SM ``PROGRAMS_PER_SM`` stage-1 programs, and
+    never below ``MIN_TOKENS_PER_SPLIT`` tokens per split.
+
+    Args:
+        seq_lens: [B] tokens each request attends to.
+        num_q_heads: query heads.
+        num_kv_heads: KV heads.
+        max_kv_splits: upper bound (the scratch buffers' split dimension).
+        num_sms: streaming multiprocessors of the device (1 on a CPU).
+
+    Returns:
+        [B] int32 split counts in ``1..max_kv_splits``.
+    """
+    group = checks.check_gqa_heads(num_q_heads, num_kv_heads)
+    if max_kv_splits < 1:
+        raise ValueError(f'max_kv_splits must be >= 1, got {max_kv_splits}')
+    head_programs = num_kv_heads * -(-group // HEADS_PER_PROGRAM)
+    programs_per_split = max(seq_lens.shape[0] * head_programs, 1)
+    for_occupancy = -(-PROGRAMS_PER_SM * num_sms // programs_per_split)
+    for_occupancy = min(max(for_occupancy, 1), max_kv_splits)
+    for_length = torch.div(
+        seq_lens + MIN_TOKENS_PER_SPLIT - 1, MIN_TOKENS_PER_SPLIT, rounding_mode='floor'
+    )
+    return for_length.clamp(min=1, max=for_occupancy).to(torch.int32)
+
+
+def _num_sms(device: torch.device) -> int:
+    if device.type == 'cuda':
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 1
+
+
+def run_decode_attention(
+    *,
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    seq_lens: torch.Tensor,
+    sm_scale: float,
+    backend: str = 'auto',
+    max_kv_splits: int = 8,
+) -> torch.Tensor:
+    """Dispatcher: Triton on CUDA, the torch reference elsewhere, unless ``backend`` says.
+
+    On the Triton path it allocates the output and scratch buffers and picks the split
+    counts with :func:`choose_num_kv_splits`. Callers that capture CUDA graphs call
+    :func:`decode_attention` with their own persistent buffers instead.
+
+    Args:
+        q, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens, sm_scale: as in
+            :func:`decode_attention_ref`.
+        backend: 'auto', 'triton' (on CPU this needs ``TRITON_INTERPRET=1`` set before the
+            first launch) or 'torch'.
+        max_kv_splits: upper bound on KV splits per request.
+
+    Returns:
+        [B, Hq, Dv] attention output in ``q.dtype``.
+    """
+    common = dict(
+        q=q,
+        k_cache=k_cache,
+        v_cache=v_cache,
+        req_to_token=req_to_token,
+        req_pool_indices=req_pool_indices,
+        seq_lens=seq_lens,
+        sm_scale=sm_scale,
+    )
+    if checks.resolve_backend(backend, q.device) == 'torch':
+        return decode_attention_ref(**common)
+    batch_size, num_q_heads, _ = q.shape
+    v_head_dim = v_cache.shape[2]
+    out = q.new_empty((batch_size, num_q_heads, v_head_dim))
+    attn_logits = q.new_empty(
+        (batch_size, num_q_heads, max_kv_splits, v_head_dim), dtype=torch.float32
+    )
+    attn_lse = q.new_empty((batch_size, num_q_heads, max_kv_splits), dtype=torch.float32)
+    num_kv_splits = choose_num_kv_splits(
+        seq_lens=seq_lens,
+        num_q_heads=num_q_heads,
+        num_kv_heads=k_cache.shape[1],
+        max_kv_splits=max_kv_splits,
+        num_sms=_num_sms(q.device),
+    )
+    decode_attention(
+        **common, out=out, attn_logits=attn_logits, attn_lse=attn_lse, num_kv_splits=num_kv_splits
+    )
+    return out
