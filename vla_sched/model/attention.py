@@ -1,0 +1,196 @@
+"""Attention metadata for one step and the paged attention call of a decoder layer.
+
+The metadata is built once per step (on the device) and passed to every layer as an
+argument; each layer stores its new K/V into the paged cache and then attends through the
+engine's slot table with the ``vla_sched.kernels`` dispatchers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from vla_sched.kernels.decode_attention import decode_attention, run_decode_attention
+from vla_sched.kernels.extend_attention import run_extend_attention
+from vla_sched.kernels.store_kv import run_store_kv
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeScratch:
+    """Persistent buffers for the Triton decode launcher (CUDA-graph friendly).
+
+    ``out`` is reused by every layer in turn (each layer consumes it before the next one
+    writes it).
+    """
+
+    out: torch.Tensor  # [B, Hq, Dv]
+    attn_logits: torch.Tensor  # fp32 [B, Hq, max_kv_splits, Dv]
+    attn_lse: torch.Tensor  # fp32 [B, Hq, max_kv_splits]
+    num_kv_splits: torch.Tensor  # int32 [B]
+
+    @classmethod
+    def allocate(
+        cls,
+        *,
+        batch_size: int,
+        num_heads: int,
+        head_dim: int,
+        max_kv_splits: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> DecodeScratch:
+        return cls(
+            out=torch.zeros(batch_size, num_heads, head_dim, dtype=dtype, device=device),
+            attn_logits=torch.zeros(
+                batch_size, num_heads, max_kv_splits, head_dim, dtype=torch.float32, device=device
+            ),
+            attn_lse=torch.zeros(
+                batch_size, num_heads, max_kv_splits, dtype=torch.float32, device=device
+            ),
+            num_kv_splits=torch.full(
+                (batch_size,), max_kv_splits, dtype=torch.int32, device=device
+            ),
+        )
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class AttentionMetadata:
+    """Where one step's tokens go and what they attend to (all tensors on the device).
+
+    ``positions``, ``out_cache_loc`` cover the step's ``T`` new tokens back to back; the
+    per-request tensors have one entry per request of the batch.
+    """
+
+    is_decode: bool
+    positions: torch.Tensor  # int64 [T]
+    out_cache_loc: torch.Tensor  # int64 [T]
+    req_to_token: torch.Tensor  # int32 [num_req_slots, max_context_len]
+    req_pool_indices: torch.Tensor  # int64 [B]
+    seq_lens: torch.Tensor  # int64 [B]
+    prefix_lens: torch.Tensor  # int64 [B]
+    extend_lens: torch.Tensor  # int64 [B]
+    extend_start_loc: torch.Tensor  # int64 [B]
+    max_extend_len: int
+    image_spans: torch.Tensor | None = None  # int64 [B, 2] bidirectional spans, or None
+    backend: str = 'auto'
+    decode_scratch: DecodeScratch | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.positions.shape[0])
+
+    @classmethod
+    def build(
+        cls,
+        *,
+        is_decode: bool,
+        req_to_token: torch.Tensor,
+        req_pool_indices: torch.Tensor,
+        prefix_lens: torch.Tensor,
+        extend_lens: torch.Tensor,
+        out_cache_loc: torch.Tensor,
+        device: torch.device,
+        backend: str = 'auto',
+        image_spans: torch.Tensor | None = None,
+    ) -> AttentionMetadata:
+        """Derive positions and offsets from CPU lengths and move everything to ``device``."""
+        prefix_lens = prefix_lens.to(torch.int64)
+        extend_lens = extend_lens.to(torch.int64)
+        extend_start_loc = torch.cumsum(extend_lens, 0) - extend_lens
+        starts = torch.repeat_interleave(prefix_lens - extend_start_loc, extend_lens)
+        positions = torch.arange(int(extend_lens.sum()), dtype=torch.int64) + starts
+        max_extend_len = int(extend_lens.max()) if extend_lens.numel() else 0
+
+        def put(t: torch.Tensor) -> torch.Tensor:
+            return t.to(device, non_blocking=True)
+
+        return cls(
+            is_decode=is_decode,
+            positions=put(positions),
+            out_cache_loc=put(out_cache_loc.to(torch.int64)),
+            req_to_token=req_to_token,
+            req_pool_indices=put(req_pool_indices.to(torch.int64)),
+            seq_lens=put(prefix_lens + extend_lens),
+            prefix_lens=put(prefix_lens),
+            extend_lens=put(extend_lens),
+            extend_start_loc=put(extend_start_loc),
+            max_extend_len=max_extend_len,
+            image_spans=None if image_spans is None else put(image_spans.to(torch.int64)),
+            backend=backend,
+        )
+
+
+def paged_attention(
+    *,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    sm_scale: float,
+) -> torch.Tensor:
+    """Store the step's K/V in the cache, then attend over prefix + new tokens.
+
+    Args:
+        q: [T, Hq, D] rotated queries. k: [T, Hkv, D] rotated keys. v: [T, Hkv, Dv] values.
+        k_cache, v_cache: this layer's paged cache ``[num_slots, Hkv, D|Dv]``.
+        meta: the step's metadata.
+        sm_scale: softmax scale.
+
+    Returns:
+        [T, Hq, Dv] attention output in ``q.dtype``.
+    """
+    run_store_kv(
+        k=k,
+        v=v,
+        k_cache=k_cache,
+        v_cache=v_cache,
+        out_cache_loc=meta.out_cache_loc,
+        backend=meta.backend,
+    )
+    if meta.is_decode:
+        scratch = meta.decode_scratch
+        if scratch is not None:
+            decode_attention(
+                q=q,
+                k_cache=k_cache,
+                v_cache=v_cache,
+                req_to_token=meta.req_to_token,
+                req_pool_indices=meta.req_pool_indices,
+                seq_lens=meta.seq_lens,
+                out=scratch.out,
+                attn_logits=scratch.attn_logits,
+                attn_lse=scratch.attn_lse,
+                num_kv_splits=scratch.num_kv_splits,
+                sm_scale=sm_scale,
+                debug=False,
+            )
+            return scratch.out
+        return run_decode_attention(
+            q=q,
+            k_cache=k_cache,
+            v_cache=v_cache,
+            req_to_token=meta.req_to_token,
+            req_pool_indices=meta.req_pool_indices,
+            seq_lens=meta.seq_lens,
+            sm_scale=sm_scale,
+            backend=meta.backend,
+        )
+    return run_extend_attention(
+        q=q,
+        k=k,
+        v=v,
+        k_cache=k_cache,
+        v_cache=v_cache,
+        req_to_token=meta.req_to_token,
+        req_pool_indices=meta.req_pool_indices,
+        prefix_lens=meta.prefix_lens,
+        extend_lens=meta.extend_lens,
+        extend_start_loc=meta.extend_start_loc,
+        sm_scale=sm_scale,
+        image_spans=meta.image_spans,
+        max_extend_len=meta.max_extend_len,
+        backend=meta.backend,
+    )

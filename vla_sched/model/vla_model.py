@@ -1,0 +1,143 @@
+"""The assembled VLA model: decoder on paged KV plus optional vision encoder.
+
+``assemble_model`` builds it from a mapping of canonical tensor names (see ``weights``) to
+tensors, checking every name and shape first so a bad checkpoint fails with the tensor's
+name instead of a torch traceback.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+import torch
+from torch import nn
+
+from vla_sched.model.decoder import PagedDecoder
+from vla_sched.model.model_spec import CheckpointError, ModelSpec
+from vla_sched.model.weights import (
+    LM_HEAD,
+    decoder_shapes,
+    projector_shapes,
+    split_names,
+)
+
+TensorSource = Callable[[str], torch.Tensor]
+
+
+class VLAModel(nn.Module):
+    """Decoder (paged KV) and, for a VLA, the vision encoder feeding its image tokens."""
+
+    def __init__(self, spec: ModelSpec, decoder: PagedDecoder, vision: nn.Module | None) -> None:
+        super().__init__()
+        if (vision is None) != (spec.vision is None):
+            raise ValueError('the spec and the given vision encoder disagree')
+        self.spec = spec
+        self.decoder = decoder
+        self.vision = vision
+
+    @property
+    def device(self) -> torch.device:
+        return self.decoder.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.decoder.dtype
+
+    @torch.no_grad()
+    def encode_images(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        """``[N, 3, S, S]`` normalized pixels -> ``[N, image_tokens, hidden]`` embeddings."""
+        if self.vision is None:
+            raise ValueError('this model has no vision tower')
+        return self.vision(pixel_values.to(self.device)).to(self.dtype)
+
+
+def _check_part(
+    part: str,
+    found: Mapping[str, str],
+    expected: Mapping[str, tuple[int, ...]],
+    shape_of: Callable[[str], tuple[int, ...]],
+) -> None:
+    missing = sorted(set(expected) - set(found))
+    if missing:
+        raise CheckpointError(
+            f'{part}: checkpoint lacks {len(missing)} tensors, e.g. {missing[:3]}'
+        )
+    unexpected = sorted(set(found) - set(expected))
+    if unexpected:
+        raise CheckpointError(
+            f'{part}: checkpoint has {len(unexpected)} tensors the config does not describe, '
+            f'e.g. {[found[n] for n in unexpected[:3]]}'
+        )
+    for name, shape in expected.items():
+        actual = shape_of(found[name])
+        if tuple(actual) != tuple(shape):
+            raise CheckpointError(
+                f'shape mismatch for {found[name]}: checkpoint has {tuple(actual)}, '
+                f'config.json implies {tuple(shape)}'
+            )
+
+
+def _load(module: nn.Module, found: Mapping[str, str], read: TensorSource, device, dtype) -> None:
+    state = {
+        name: read(canonical).to(device=device, dtype=dtype) for name, canonical in found.items()
+    }
+    module.load_state_dict(state, strict=True, assign=True)
+
+
+def assemble_model(
+    spec: ModelSpec,
+    names: list[str],
+    *,
+    shape_of: Callable[[str], tuple[int, ...]],
+    read: TensorSource,
+    device: torch.device | str = 'cpu',
+    dtype: torch.dtype = torch.float32,
+) -> VLAModel:
+    """Check and load every tensor of a checkpoint into a ``VLAModel``.
+
+    Args:
+        spec: The checkpoint's spec.
+        names: Canonical tensor names present in the checkpoint.
+        shape_of: Shape of a tensor by canonical name (without reading it).
+        read: Reads a tensor by canonical name.
+        device: Where the model lives.
+        dtype: Parameter dtype.
+
+    Raises:
+        CheckpointError: for a missing, unexpected or wrongly shaped tensor.
+    """
+    parts = split_names(names)
+    if parts['unknown']:
+        raise CheckpointError(
+            f'checkpoint has tensors outside the LLaVA layout, e.g. {sorted(parts["unknown"])[:3]}'
+        )
+    decoder_found = {
+        name: canonical
+        for name, canonical in parts['decoder'].items()
+        if not (name == LM_HEAD and spec.decoder.tie_word_embeddings)
+    }
+    _check_part('decoder', decoder_found, decoder_shapes(spec.decoder), shape_of)
+    decoder = PagedDecoder(spec.decoder, device='meta', dtype=dtype)
+    _load(decoder, decoder_found, read, device, dtype)
+    decoder.init_rope(torch.device(device))
+    vision = None
+    if spec.vision is not None:
+        vision = _assemble_vision(spec, parts, shape_of, read, device, dtype)
+    elif parts['projector'] or parts['tower']:
+        raise CheckpointError('checkpoint has vision tensors but config.json has no vision tower')
+    return VLAModel(spec, decoder, vision).eval()
+
+
+def _assemble_vision(spec, parts, shape_of, read, device, dtype) -> nn.Module:
+    from vla_sched.model.vision import Projector, VisionEncoder, build_vision_tower
+
+    vision_spec = spec.vision
+    _check_part('projector', parts['projector'], projector_shapes(vision_spec), shape_of)
+    tower = build_vision_tower(vision_spec, dtype=dtype)
+    tower_shapes = {name: tuple(t.shape) for name, t in tower.state_dict().items()}
+    _check_part('vision tower', parts['tower'], tower_shapes, shape_of)
+    _load(tower, parts['tower'], read, device, dtype)
+    tower.to(device)
+    projector = Projector(vision_spec, device='meta', dtype=dtype)
+    _load(projector, parts['projector'], read, device, dtype)
+    return VisionEncoder(vision_spec, tower, projector)
