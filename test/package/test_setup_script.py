@@ -1,0 +1,70 @@
+"""The setup command stops with one line naming what to install when a prerequisite is missing."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _bin_without(tmp_path: Path, missing: set[str]) -> Path:
+    """A PATH folder that offers every command of this PATH except ``missing``."""
+    bin_dir = tmp_path / 'bin'
+    bin_dir.mkdir()
+    for folder in os.environ['PATH'].split(os.pathsep):
+        if not os.path.isdir(folder) or '.venv' in folder:
+            continue
+        for name in os.listdir(folder):
+            target = Path(folder) / name
+            if name in missing or (bin_dir / name).exists() or not os.access(target, os.X_OK):
+                continue
+            (bin_dir / name).symlink_to(target)
+    return bin_dir
+
+
+def _run_setup(tmp_path: Path, bin_dir: Path, **env) -> subprocess.CompletedProcess:
+    # A copy of the script in an empty checkout: it can never touch this checkout's venv.
+    (tmp_path / 'repo' / 'scripts').mkdir(parents=True)
+    shutil.copy(ROOT / 'scripts' / 'setup.sh', tmp_path / 'repo' / 'scripts' / 'setup.sh')
+    return subprocess.run(
+        ['bash', str(tmp_path / 'repo' / 'scripts' / 'setup.sh')],
+        env={'PATH': str(bin_dir), 'HOME': str(tmp_path), **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+@pytest.mark.parametrize(
+    ('missing', 'named'),
+    [({'cmake'}, 'cmake'), ({'cc', 'gcc', 'clang'}, 'C compiler'), ({'c++', 'g++'}, 'g++')],
+)
+def test_setup_names_the_missing_tool_in_one_line(tmp_path, missing, named):
+    proc = _run_setup(tmp_path, _bin_without(tmp_path, missing))
+    assert proc.returncode != 0
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert named in lines[0] and 'install' in lines[0]
+    assert not (tmp_path / 'repo' / '.venv').exists()
+
+
+def test_setup_names_python_headers_when_python_h_is_missing(tmp_path):
+    bin_dir = _bin_without(tmp_path, {'python3'})
+    fake = bin_dir / 'python3'
+    # A Python 3.11 whose include folder has no Python.h.
+    fake.write_text(
+        '#!/bin/bash\n'
+        'if [[ "$*" == *sysconfig* ]]; then echo "$HOME/no-include"; exit 0; fi\n'
+        f'exec {sys.executable} "$@"\n'
+    )
+    fake.chmod(0o755)
+    proc = _run_setup(tmp_path, bin_dir)
+    assert proc.returncode != 0
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and 'Python.h' in lines[0] and 'python3-dev' in lines[0]
