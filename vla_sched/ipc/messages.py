@@ -1,0 +1,129 @@
+"""What the ROS frontend and the engine say to each other: plain frozen dataclasses.
+
+No ROS types and no tensors: images and states are numpy arrays, times are integer
+nanoseconds of one clock shared by both processes (``time.time_ns()`` on the same host, or
+the ROS clock's nanoseconds when the frontend runs on simulated time). A transport encodes
+them without pickle (see ``vla_sched.ipc.codec``).
+
+Frontend -> engine: ``StepRequest``, ``CloseSession``, ``Heartbeat``.
+Engine -> frontend: ``StepResult``, ``StepFailure``, ``EngineStats``, ``Heartbeat``.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+class FailureReason(enum.Enum):
+    """Why a step produced no actions (mirrors ``vla_sched/msg/StepRejected`` reasons)."""
+
+    MALFORMED_IMAGE = 'malformed_image'
+    INVALID_STATE = 'invalid_state'
+    INVALID_INSTRUCTION = 'invalid_instruction'
+    KV_POOL_FULL = 'kv_pool_full'
+    DEADLINE_MISSED = 'deadline_missed'
+    SUPERSEDED = 'superseded'
+    ENGINE_UNAVAILABLE = 'engine_unavailable'
+    INTERNAL_ERROR = 'internal_error'
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class StepRequest:
+    """One control step of one robot: its newest observation and what to do with it.
+
+    ``state`` is already in the checkpoint's state order (the frontend maps joint names).
+    ``instruction_version`` increases whenever the robot's instruction changes; the engine
+    swaps the robot's session prefix when it sees a new version.
+    """
+
+    robot_id: str
+    step_seq: int
+    stamp_ns: int  # the observation's stamp
+    deadline_ns: int  # the step is useless after this time
+    received_ns: int  # when the frontend received the observation
+    image: np.ndarray  # uint8 [H, W, 3], RGB
+    state: np.ndarray  # float32 [num_state]
+    instruction: str
+    instruction_version: int
+    priority: int = 0
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class StepResult:
+    """The action chunk of one step, already un-normalized: float32 [horizon, dof]."""
+
+    robot_id: str
+    step_seq: int
+    stamp_ns: int
+    actions: np.ndarray
+    queue_ms: float
+    prefill_ms: float
+    decode_ms: float
+    late: bool
+    num_cached_prefix_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class StepFailure:
+    """A step that produced no actions, and why (``detail`` names the field or limit)."""
+
+    robot_id: str
+    step_seq: int
+    stamp_ns: int
+    reason: FailureReason
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
+class CloseSession:
+    """The robot is gone (or reconfigured): release its session and cached prefix."""
+
+    robot_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    """Sent both ways at a fixed period; a peer silent for too long is considered dead."""
+
+    sender: str  # 'frontend' or 'engine'
+    seq: int
+    sent_ns: int
+
+
+@dataclass(frozen=True, slots=True)
+class RobotStats:
+    """Per-robot counters kept by the engine (cumulative since the engine started)."""
+
+    num_steps_done: int = 0
+    num_deadline_misses: int = 0
+    num_superseded: int = 0
+    num_retracts: int = 0
+    num_aborts: int = 0
+    num_cached_prefix_tokens: int = 0
+    ttft_ms_p50: float = 0.0
+    itl_ms_p50: float = 0.0
+    itl_ms_p99: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class EngineStats:
+    """A snapshot of the scheduler's health, sent at the diagnostics period."""
+
+    sent_ns: int
+    num_waiting: int
+    num_running: int
+    chunked_rid: str  # '' when no request is being prefilled in chunks
+    num_retracts_total: int
+    num_retracts_window: int
+    num_delayed_prefills: int
+    kv_use_percent: float
+    cache_hit_rate: float  # cached prompt tokens / prompt tokens, over the engine's life
+    step_ms_p50: float
+    step_ms_p99: float
+    itl_ms_p50: float
+    itl_ms_p99: float
+    aborts_by_reason: dict[str, int] = field(default_factory=dict)
+    robots: dict[str, RobotStats] = field(default_factory=dict)
