@@ -6,7 +6,8 @@ the ROS clock's nanoseconds when the frontend runs on simulated time). A transpo
 them without pickle (see ``vla_sched.ipc.codec``).
 
 Frontend -> engine: ``StepRequest``, ``CloseSession``, ``Heartbeat``.
-Engine -> frontend: ``StepResult``, ``StepFailure``, ``EngineStats``, ``Heartbeat``.
+Engine -> frontend: ``EngineInfo``, ``StepResult``, ``StepFailure``, ``EngineStats``,
+``Heartbeat``.
 """
 
 from __future__ import annotations
@@ -127,3 +128,16 @@ class EngineStats:
     itl_ms_p99: float
     aborts_by_reason: dict[str, int] = field(default_factory=dict)
     robots: dict[str, RobotStats] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class EngineInfo:
+    """Sent by the engine once it is ready: what the loaded checkpoint expects and returns."""
+
+    model_name: str
+    num_state: int  # length of StepRequest.state (0: the checkpoint takes no state)
+    action_horizon: int  # H
+    action_dim: int  # D
+    image_size: int  # the vision tower's input size; frames of any size are resized to it
+    max_instruction_tokens: int
+    random_weights: bool  # true for the built-in tiny checkpoint: its actions are meaningless
