@@ -1,0 +1,166 @@
+"""Two-way message channels between the frontend and the engine.
+
+``Channel`` is the seam: ``send`` one message, ``recv`` the next one or ``None``. Two
+implementations: an in-process pair of queues (tests, single-process demos) and ZMQ over
+``ipc://`` sockets in a private runtime folder (mode 0700) for an engine in its own process.
+
+The frontend binds both ZMQ sockets and the engine connects, so an engine that dies and is
+restarted finds the frontend where it was. A restart gets fresh sockets (new file names): a
+request queued for a dead engine is dropped with the old sockets, never delivered late.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from vla_sched.ipc import codec
+
+DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+
+
+class ChannelClosedError(RuntimeError):
+    """The channel was closed, or its peer cannot take messages."""
+
+
+class Channel(Protocol):
+    def send(self, msg: Any) -> None:
+        """Queue ``msg`` for the peer; raises ChannelClosedError if it cannot."""
+        ...
+
+    def recv(self, timeout_s: float = 0.0) -> Any | None:
+        """The next message, waiting up to ``timeout_s``; None if none arrived."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class InProcessChannel:
+    """One end of an in-process pair; messages are passed by reference, never copied."""
+
+    def __init__(self, inbox: queue.SimpleQueue, outbox: queue.SimpleQueue) -> None:
+        self._inbox = inbox
+        self._outbox = outbox
+        self._closed = False
+
+    def send(self, msg: Any) -> None:
+        if self._closed:
+            raise ChannelClosedError('in-process channel is closed')
+        self._outbox.put(msg)
+
+    def recv(self, timeout_s: float = 0.0) -> Any | None:
+        if self._closed:
+            raise ChannelClosedError('in-process channel is closed')
+        try:
+            if timeout_s <= 0:
+                return self._inbox.get_nowait()
+            return self._inbox.get(timeout=timeout_s)
+        except queue.Empty:
+            return None
+
+    def close(self) -> None:
+        self._closed = True
+
+
+def in_process_pair() -> tuple[InProcessChannel, InProcessChannel]:
+    """Two connected ends: what one sends, the other receives."""
+    a_to_b: queue.SimpleQueue = queue.SimpleQueue()
+    b_to_a: queue.SimpleQueue = queue.SimpleQueue()
+    return InProcessChannel(b_to_a, a_to_b), InProcessChannel(a_to_b, b_to_a)
+
+
+@dataclass(frozen=True, slots=True)
+class ZmqEndpoints:
+    """The two socket addresses of one frontend/engine connection."""
+
+    to_engine: str
+    from_engine: str
+
+
+def private_runtime_dir() -> Path:
+    """A new folder only this user can enter (0700), under XDG_RUNTIME_DIR when set."""
+    base = os.environ.get('XDG_RUNTIME_DIR')
+    path = Path(tempfile.mkdtemp(prefix='vla_sched-', dir=base if base else None))
+    path.chmod(0o700)
+    return path
+
+
+class ZmqChannel:
+    """A PUSH/PULL pair over ``ipc://``; the frontend side binds, the engine side connects."""
+
+    def __init__(
+        self,
+        endpoints: ZmqEndpoints,
+        *,
+        bind: bool,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        high_water_mark: int = 1000,
+    ) -> None:
+        import zmq
+
+        self._zmq = zmq
+        self._ctx = zmq.Context()
+        self._push = self._ctx.socket(zmq.PUSH)
+        self._pull = self._ctx.socket(zmq.PULL)
+        for sock in (self._push, self._pull):
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.SNDHWM, high_water_mark)
+            sock.setsockopt(zmq.RCVHWM, high_water_mark)
+        # A peer that sends a larger frame is disconnected instead of filling our memory.
+        self._pull.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
+        # Queue only on live connections: nothing waits for a peer that is not there.
+        self._push.setsockopt(zmq.IMMEDIATE, 1)
+        out_addr, in_addr = (
+            (endpoints.from_engine, endpoints.to_engine)
+            if not bind
+            else (endpoints.to_engine, endpoints.from_engine)
+        )
+        if bind:
+            self._push.bind(out_addr)
+            self._pull.bind(in_addr)
+        else:
+            self._push.connect(out_addr)
+            self._pull.connect(in_addr)
+        self._poller = zmq.Poller()
+        self._poller.register(self._pull, zmq.POLLIN)
+        self._closed = False
+
+    def send(self, msg: Any) -> None:
+        if self._closed:
+            raise ChannelClosedError('zmq channel is closed')
+        try:
+            self._push.send_multipart(codec.encode(msg), flags=self._zmq.NOBLOCK, copy=False)
+        except self._zmq.Again as exc:
+            raise ChannelClosedError('no engine connected, or its queue is full') from exc
+
+    def recv(self, timeout_s: float = 0.0) -> Any | None:
+        if self._closed:
+            raise ChannelClosedError('zmq channel is closed')
+        if not self._poller.poll(max(0, int(timeout_s * 1000))):
+            return None
+        frames = self._pull.recv_multipart(copy=False)
+        return codec.decode([f.buffer for f in frames])
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._push.close(0)
+            self._pull.close(0)
+            self._ctx.term()
+
+
+def new_endpoints(runtime_dir: Path, generation: int) -> ZmqEndpoints:
+    """Fresh socket addresses in ``runtime_dir`` for the ``generation``-th engine start."""
+    return ZmqEndpoints(
+        to_engine=f'ipc://{runtime_dir}/to_engine.{generation}',
+        from_engine=f'ipc://{runtime_dir}/from_engine.{generation}',
+    )
+
+
+def remove_runtime_dir(runtime_dir: Path) -> None:
+    shutil.rmtree(runtime_dir, ignore_errors=True)

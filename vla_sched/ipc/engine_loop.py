@@ -1,0 +1,96 @@
+"""The engine's event loop: take messages, run scheduler steps, send results and heartbeats.
+
+The same loop serves an engine in its own process (over ZMQ) and one in a thread of the
+frontend (over in-process queues). What runs the steps is an ``EngineCore``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+from vla_sched.ipc.channel import Channel, ChannelClosedError
+from vla_sched.ipc.heartbeat import HeartbeatTracker
+from vla_sched.ipc.messages import (
+    CloseSession,
+    EngineInfo,
+    EngineStats,
+    Heartbeat,
+    StepFailure,
+    StepRequest,
+    StepResult,
+)
+
+
+class EngineCore(Protocol):
+    """Runs control steps; everything it returns is sent to the frontend as is."""
+
+    @property
+    def info(self) -> EngineInfo: ...
+
+    def submit(self, request: StepRequest, now_ns: int) -> list[StepFailure]:
+        """Accept a step, or refuse it at once (bad input, superseded, unknown robot)."""
+        ...
+
+    def close_session(self, robot_id: str) -> None: ...
+
+    def has_work(self) -> bool: ...
+
+    def step(self, now_ns: int) -> list[StepResult | StepFailure]:
+        """Run one scheduler iteration; return the steps that ended in it."""
+        ...
+
+    def stats(self, now_ns: int) -> EngineStats: ...
+
+    def close(self) -> None: ...
+
+
+def serve(
+    channel: Channel,
+    core: EngineCore,
+    *,
+    heartbeat: HeartbeatTracker,
+    stats_period_s: float,
+    stop: threading.Event,
+    clock: Callable[[], float] = time.monotonic,
+    wall_ns: Callable[[], int] = time.time_ns,
+) -> str:
+    """Serve until ``stop`` is set or the frontend goes silent; returns why it ended."""
+
+    def send(msg: object) -> None:
+        # If the frontend is gone or busy, its heartbeat timeout decides what happens next.
+        with contextlib.suppress(ChannelClosedError):
+            channel.send(msg)
+
+    send(core.info)
+    heartbeat.seen(clock())  # the frontend gets one timeout to say hello
+    next_stats_s = clock()
+    while not stop.is_set():
+        now_s = clock()
+        beat = heartbeat.due(now_s)
+        if beat is not None:
+            send(beat)
+        if not heartbeat.alive(now_s):
+            return 'frontend_lost'
+        if now_s >= next_stats_s:
+            send(core.stats(wall_ns()))
+            next_stats_s = now_s + stats_period_s
+        wait_s = 0.0 if core.has_work() else min(heartbeat.period_s, next_stats_s - now_s)
+        msg = channel.recv(max(0.0, wait_s))
+        while msg is not None:
+            heartbeat.seen(clock())
+            if isinstance(msg, StepRequest):
+                for failure in core.submit(msg, wall_ns()):
+                    send(failure)
+            elif isinstance(msg, CloseSession):
+                core.close_session(msg.robot_id)
+            elif not isinstance(msg, Heartbeat):
+                raise TypeError(f'the engine cannot handle {type(msg).__name__}')
+            msg = channel.recv(0.0)
+        if core.has_work():
+            for out in core.step(wall_ns()):
+                send(out)
+    return 'stopped'
