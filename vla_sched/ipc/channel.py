@@ -113,8 +113,10 @@ class ZmqChannel:
             sock.setsockopt(zmq.RCVHWM, high_water_mark)
         # A peer that sends a larger frame is disconnected instead of filling our memory.
         self._pull.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
-        # Queue only on live connections: nothing waits for a peer that is not there.
-        self._push.setsockopt(zmq.IMMEDIATE, 1)
+        if bind:
+            # The frontend queues only on live connections: nothing waits for an engine
+            # that is not there. The engine (connecting) queues until its connection is up.
+            self._push.setsockopt(zmq.IMMEDIATE, 1)
         out_addr, in_addr = (
             (endpoints.from_engine, endpoints.to_engine)
             if not bind
