@@ -55,7 +55,11 @@ if [ ! -x "$venv/bin/python" ]; then
   "$python" -m venv "${venv_args[@]}" "$venv"
 fi
 vpy="$venv/bin/python"
-pip() { "$vpy" -m pip --disable-pip-version-check -q "$@"; }
+# Quiet pip, minus the warnings some machines' pip.conf causes for each missing local index.
+pip() {
+  "$vpy" -m pip --disable-pip-version-check -q "$@" \
+    2> >(grep -v 'is ignored: it is neither a file nor a directory' >&2)
+}
 
 if [ $cuda_torch = 1 ]; then
   echo "setup: keeping the installed CUDA torch"
