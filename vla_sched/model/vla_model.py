@@ -17,6 +17,7 @@ from vla_sched.model.model_spec import CheckpointError, ModelSpec
 from vla_sched.model.weights import (
     LM_HEAD,
     decoder_shapes,
+    match_tower_names,
     projector_shapes,
     split_names,
 )
@@ -135,8 +136,9 @@ def _assemble_vision(spec, parts, shape_of, read, device, dtype) -> nn.Module:
     _check_part('projector', parts['projector'], projector_shapes(vision_spec), shape_of)
     tower = build_vision_tower(vision_spec, dtype=dtype)
     tower_shapes = {name: tuple(t.shape) for name, t in tower.state_dict().items()}
-    _check_part('vision tower', parts['tower'], tower_shapes, shape_of)
-    _load(tower, parts['tower'], read, device, dtype)
+    tower_found = match_tower_names(parts['tower'], tower_shapes)
+    _check_part('vision tower', tower_found, tower_shapes, shape_of)
+    _load(tower, tower_found, read, device, dtype)
     tower.to(device)
     projector = Projector(vision_spec, device='meta', dtype=dtype)
     _load(projector, parts['projector'], read, device, dtype)

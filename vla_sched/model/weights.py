@@ -31,7 +31,8 @@ _RENAMES = (
 )
 # Tensors some checkpoints carry that the model recomputes or does not use.
 _IGNORED_SUFFIXES = ('.rotary_emb.inv_freq',)
-_IGNORED_TOWER_PREFIXES = ('vision_model.head.',)
+_IGNORED_TOWER_PREFIXES = ('vision_model.head.', 'head.')
+TOWER_LEGACY_PREFIX = 'vision_model.'
 
 
 def canonical_name(name: str) -> str:
@@ -120,18 +121,33 @@ def projector_shapes(spec: VisionSpec) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+def match_tower_names(found: dict[str, str], module_names: Iterable[str]) -> dict[str, str]:
+    """Add or drop the ``vision_model.`` prefix of tower names to match the tower module.
+
+    transformers 5 dropped that level from ``SiglipVisionModel``/``CLIPVisionModel``; older
+    checkpoints still carry it.
+    """
+    module_has = any(n.startswith(TOWER_LEGACY_PREFIX) for n in module_names)
+    found_has = any(n.startswith(TOWER_LEGACY_PREFIX) for n in found)
+    if found_has and not module_has:
+        return {n.removeprefix(TOWER_LEGACY_PREFIX): c for n, c in found.items()}
+    if module_has and not found_has:
+        return {TOWER_LEGACY_PREFIX + n: c for n, c in found.items()}
+    return dict(found)
+
+
 def siglip_tower_shapes(spec: VisionSpec) -> dict[str, tuple[int, ...]]:
-    """Names and shapes of a SigLIP vision tower without its pooling head."""
+    """Names (transformers 5 layout) and shapes of a SigLIP tower without its pooling head."""
     cfg = spec.tower_config
     h, inner = spec.hidden_size, int(cfg['intermediate_size'])
     p, c = spec.patch_size, spec.num_channels
     shapes: dict[str, tuple[int, ...]] = {
-        'vision_model.embeddings.patch_embedding.weight': (h, c, p, p),
-        'vision_model.embeddings.patch_embedding.bias': (h,),
-        'vision_model.embeddings.position_embedding.weight': (spec.num_patches, h),
+        'embeddings.patch_embedding.weight': (h, c, p, p),
+        'embeddings.patch_embedding.bias': (h,),
+        'embeddings.position_embedding.weight': (spec.num_patches, h),
     }
     for i in range(int(cfg['num_hidden_layers'])):
-        pre = f'vision_model.encoder.layers.{i}.'
+        pre = f'encoder.layers.{i}.'
         for proj in ('q_proj', 'k_proj', 'v_proj', 'out_proj'):
             shapes[f'{pre}self_attn.{proj}.weight'] = (h, h)
             shapes[f'{pre}self_attn.{proj}.bias'] = (h,)
@@ -142,6 +158,6 @@ def siglip_tower_shapes(spec: VisionSpec) -> dict[str, tuple[int, ...]]:
         shapes[f'{pre}mlp.fc1.bias'] = (inner,)
         shapes[f'{pre}mlp.fc2.weight'] = (h, inner)
         shapes[f'{pre}mlp.fc2.bias'] = (h,)
-    shapes['vision_model.post_layernorm.weight'] = (h,)
-    shapes['vision_model.post_layernorm.bias'] = (h,)
+    shapes['post_layernorm.weight'] = (h,)
+    shapes['post_layernorm.bias'] = (h,)
     return shapes

@@ -1,0 +1,284 @@
+"""The model runner: executes the scheduler's ``ForwardBatch`` on paged KV and samples.
+
+The runner owns the per-layer KV buffers (``[num_kv_slots, num_kv_heads, head_dim]``) and a
+device copy of the engine's slot table; it copies the batch's rows of ``req_to_token`` at
+each launch. Images are encoded once per content hash (a small LRU) and the rows a chunk
+covers replace its image placeholder tokens.
+
+For the overlap loop, ``launch`` returns at once on a GPU (results are copied back on the
+side and ``result()`` waits for them), and an input id of ``-1`` stands for the token the
+runner last sampled for that request row, so decode step k+1 can launch before the host has
+seen step k's tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from vla_sched.engine.forward_batch import ForwardBatch, ForwardMode, ForwardOutput
+from vla_sched.model.attention import AttentionMetadata
+from vla_sched.model.decode_graphs import DecodeGraphs
+from vla_sched.model.sampling import check_sampling_params, sample_next_tokens
+from vla_sched.model.step_inputs import (
+    FUTURE_TOKEN,
+    ImageRows,
+    check_batch,
+    image_rows,
+    image_spans,
+    logit_rows,
+)
+from vla_sched.model.vision import FeatureCache, preprocess_image
+from vla_sched.model.vla_model import VLAModel
+
+
+@dataclass(frozen=True, slots=True)
+class RunnerConfig:
+    """How the runner executes steps.
+
+    Attributes:
+        backend: Kernel backend: ``auto`` (Triton on CUDA, torch references elsewhere),
+            ``triton`` or ``torch``.
+        feature_cache_size: Images whose projected features are kept (by content hash).
+        bidirectional_image_spans: Let image tokens see each other (prefix-LM models); LLaVA
+            checkpoints are causal, so off by default.
+        cuda_graphs: Capture decode steps as CUDA graphs (GPU only).
+        decode_batch_sizes: Padded decode batch sizes for the persistent-buffer path.
+        padded_decode: Run decode through the padded persistent-buffer path even without
+            graphs (on by itself whenever ``cuda_graphs`` is).
+        max_kv_splits: Split bound of the Triton decode kernel.
+    """
+
+    backend: str = 'auto'
+    feature_cache_size: int = 64
+    bidirectional_image_spans: bool = False
+    cuda_graphs: bool = False
+    decode_batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
+    padded_decode: bool = False
+    max_kv_splits: int = 8
+
+    def __post_init__(self) -> None:
+        if self.backend not in ('auto', 'triton', 'torch'):
+            raise ValueError(f'unknown backend {self.backend!r}')
+        if self.feature_cache_size < 1:
+            raise ValueError('feature_cache_size must be >= 1')
+        if not self.decode_batch_sizes or min(self.decode_batch_sizes) < 1:
+            raise ValueError(f'bad decode_batch_sizes {self.decode_batch_sizes}')
+        if self.max_kv_splits < 1:
+            raise ValueError('max_kv_splits must be >= 1')
+
+
+class StepResult:
+    """A launched step's sampled tokens; ``result()`` waits for the device if needed."""
+
+    def __init__(
+        self,
+        tokens: torch.Tensor,
+        sample: Sequence[bool],
+        event: torch.cuda.Event | None = None,
+    ) -> None:
+        self._tokens = tokens
+        self._sample = tuple(sample)
+        self._event = event
+        self._output: ForwardOutput | None = None
+
+    def result(self) -> ForwardOutput:
+        if self._output is None:
+            if self._event is not None:
+                self._event.synchronize()
+            values = iter(self._tokens.tolist())
+            ids = tuple(next(values) if s else -1 for s in self._sample)
+            self._output = ForwardOutput(next_token_ids=ids)
+        return self._output
+
+
+class ModelRunner:
+    """Runs ``ForwardBatch`` steps of one model on the runner's paged KV cache.
+
+    Args:
+        model: The loaded model.
+        req_to_token: The engine's slot table ``int32 [num_req_slots, max_context_len]``
+            (the scheduler fills a request's row before launching it).
+        num_kv_slots: KV capacity in tokens (slot ids the engine may hand out).
+        config: Execution options.
+    """
+
+    def __init__(
+        self,
+        model: VLAModel,
+        *,
+        req_to_token: torch.Tensor,
+        num_kv_slots: int,
+        config: RunnerConfig | None = None,
+    ) -> None:
+        config = config if config is not None else RunnerConfig()
+        if req_to_token.dim() != 2 or req_to_token.dtype not in (torch.int32, torch.int64):
+            raise ValueError('req_to_token must be an int32 [num_req_slots, max_context_len]')
+        if num_kv_slots < 1:
+            raise ValueError(f'num_kv_slots must be >= 1, got {num_kv_slots}')
+        if config.cuda_graphs and model.device.type != 'cuda':
+            raise ValueError('CUDA graphs need the model on a CUDA device')
+        self.model = model
+        self.config = config
+        self.device = model.device
+        self.req_to_token = req_to_token
+        self.num_kv_slots = num_kv_slots
+        num_rows, max_context_len = req_to_token.shape
+        padded = config.cuda_graphs or config.padded_decode
+        num_pad_slots = max(config.decode_batch_sizes) if padded else 0
+        self.kv_caches = model.decoder.allocate_kv_cache(num_kv_slots + num_pad_slots)
+        self._req_to_token_dev = torch.zeros(
+            num_rows + 1, max_context_len, dtype=torch.int32, device=self.device
+        )
+        self._last_tokens = torch.zeros(num_rows, dtype=torch.int64, device=self.device)
+        self.feature_cache = FeatureCache(config.feature_cache_size)
+        self.decode_graphs = None
+        if padded:
+            self.decode_graphs = DecodeGraphs(
+                model,
+                self.kv_caches,
+                self._req_to_token_dev,
+                batch_sizes=config.decode_batch_sizes,
+                dummy_row=num_rows,
+                dummy_slots=num_kv_slots,
+                capture=config.cuda_graphs,
+                use_triton=config.cuda_graphs or config.backend == 'triton',
+                max_kv_splits=config.max_kv_splits,
+                backend=config.backend,
+            )
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model.spec.decoder.vocab_size
+
+    def launch(self, batch: ForwardBatch) -> StepResult:
+        """Run one step and sample each request's next token (``-1`` where not sampling)."""
+        if batch.forward_mode is ForwardMode.IDLE or batch.batch_size == 0:
+            return StepResult(torch.empty(0, dtype=torch.int64), [False] * batch.batch_size)
+        check_sampling_params(batch.sampling, batch.rids, self.vocab_size)
+        with torch.inference_mode():
+            rows, positions = logit_rows(batch)
+            logits = self._forward(batch, rows=rows)
+            params = [p for p, s in zip(batch.sampling, batch.sample, strict=True) if s]
+            tokens = sample_next_tokens(logits, params, positions)
+            sampled = [i for i in range(batch.batch_size) if batch.sample[i]]
+            if sampled:
+                pool_rows = batch.req_pool_indices[sampled].to(self.device, non_blocking=True)
+                self._last_tokens[pool_rows] = tokens
+            return self._handle(tokens, batch.sample)
+
+    def forward_logits(self, batch: ForwardBatch) -> torch.Tensor:
+        """Float32 logits of every new token ``[num_tokens, vocab]`` (tests, scoring).
+
+        Writes the batch's KV exactly as ``launch`` does, but samples nothing.
+        """
+        with torch.inference_mode():
+            return self._forward(batch, rows=None)
+
+    def _handle(self, tokens: torch.Tensor, sample: Sequence[bool]) -> StepResult:
+        if self.device.type != 'cuda':
+            return StepResult(tokens, sample)
+        host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
+        host.copy_(tokens, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        return StepResult(host, sample, event)
+
+    def _forward(self, batch: ForwardBatch, *, rows: torch.Tensor | None) -> torch.Tensor:
+        check_batch(
+            batch,
+            req_to_token=self.req_to_token,
+            num_kv_slots=self.num_kv_slots,
+            vocab_size=self.vocab_size,
+        )
+        images = image_rows(batch, image_token_id=self.model.spec.image_token_id)
+        pool_rows = batch.req_pool_indices
+        snapshot = self.req_to_token.index_select(0, pool_rows).to(torch.int32)
+        pool_rows_dev = pool_rows.to(self.device, non_blocking=True)
+        self._req_to_token_dev[pool_rows_dev] = snapshot.to(self.device, non_blocking=True)
+        input_ids = self._resolve_input_ids(batch, pool_rows_dev)
+        graphs = self.decode_graphs
+        use_graphs = (
+            rows is not None
+            and batch.forward_mode is ForwardMode.DECODE
+            and graphs is not None
+            and graphs.padded_size(batch.batch_size) is not None
+        )
+        if use_graphs:
+            logits = graphs.run(
+                input_ids=input_ids,
+                req_pool_indices=pool_rows_dev,
+                seq_lens=batch.seq_lens.to(self.device, non_blocking=True),
+                out_cache_loc=batch.out_cache_loc.to(self.device, non_blocking=True),
+            )
+            sample_rows = torch.tensor(
+                [i for i in range(batch.batch_size) if batch.sample[i]], dtype=torch.int64
+            )
+            return logits[sample_rows.to(self.device)]
+        meta = self._metadata(batch)
+        embeds = self._embed(input_ids, images)
+        hidden = self.model.decoder(embeds, meta, self.kv_caches)
+        if rows is not None:
+            hidden = hidden[rows.to(self.device)]
+        return self.model.decoder.logits(hidden)
+
+    def _resolve_input_ids(self, batch: ForwardBatch, pool_rows_dev: torch.Tensor) -> torch.Tensor:
+        ids = batch.input_ids.to(self.device, non_blocking=True)
+        if not bool((batch.input_ids == FUTURE_TOKEN).any()):
+            return ids
+        token_rows = torch.repeat_interleave(pool_rows_dev, batch.extend_lens.to(self.device))
+        return torch.where(ids == FUTURE_TOKEN, self._last_tokens[token_rows], ids)
+
+    def _metadata(self, batch: ForwardBatch) -> AttentionMetadata:
+        spans = None
+        if self.config.bidirectional_image_spans:
+            spans = image_spans(batch)
+        return AttentionMetadata.build(
+            is_decode=batch.forward_mode is ForwardMode.DECODE,
+            req_to_token=self._req_to_token_dev,
+            req_pool_indices=batch.req_pool_indices,
+            prefix_lens=batch.prefix_lens,
+            extend_lens=batch.extend_lens,
+            out_cache_loc=batch.out_cache_loc,
+            device=self.device,
+            backend=self.config.backend,
+            image_spans=spans,
+        )
+
+    def _embed(self, input_ids: torch.Tensor, images: list[ImageRows]) -> torch.Tensor:
+        embeds = self.model.decoder.embed(input_ids)
+        if not images:
+            return embeds
+        features = self._image_features(images)
+        for r in images:
+            count = r.feature_end - r.feature_start
+            rows = features[r.image.content_hash][r.feature_start : r.feature_end]
+            embeds[r.token_row : r.token_row + count] = rows
+        return embeds
+
+    def _image_features(self, images: Sequence[ImageRows]) -> dict[int, torch.Tensor]:
+        """Projected features per content hash, encoding the images not yet cached."""
+        features: dict[int, torch.Tensor] = {}
+        pending: dict[int, torch.Tensor] = {}
+        prep = self.model.spec.preprocessing
+        for r in images:
+            content_hash = r.image.content_hash
+            if content_hash in features or content_hash in pending:
+                continue
+            cached = self.feature_cache.get(content_hash)
+            if cached is not None:
+                features[content_hash] = cached
+                continue
+            try:
+                pending[content_hash] = preprocess_image(r.image.pixels, prep, device=self.device)
+            except ValueError as exc:
+                raise ValueError(f'request {r.rid}, image {content_hash}: {exc}') from None
+        if pending:
+            pixels = torch.stack(list(pending.values()))
+            encoded = self.model.encode_images(pixels)
+            for content_hash, rows in zip(pending, encoded, strict=True):
+                features[content_hash] = rows
+                self.feature_cache.put(content_hash, rows)
+        return features

@@ -1,0 +1,146 @@
+"""Checks a ``ForwardBatch`` and works out, on the host, what its forward pass needs.
+
+All index tensors of a batch are CPU tensors, so every check here is cheap and runs before
+anything is launched: a bad slot, row, length or token fails with the request's id instead
+of corrupting another request's KV.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from vla_sched.engine.forward_batch import ForwardBatch, ImageInput
+
+FUTURE_TOKEN = -1  # input id meaning "the token this runner last sampled for the request"
+
+
+@dataclass(frozen=True, slots=True)
+class ImageRows:
+    """Rows of one image's features that a step's chunk covers.
+
+    ``feature_start:feature_end`` of the image's features go to rows
+    ``token_row:token_row + (feature_end - feature_start)`` of the step's packed tokens.
+    """
+
+    rid: str
+    image: ImageInput
+    feature_start: int
+    feature_end: int
+    token_row: int
+
+
+def check_batch(
+    batch: ForwardBatch,
+    *,
+    req_to_token: torch.Tensor,
+    num_kv_slots: int,
+    vocab_size: int,
+) -> None:
+    """Raise ValueError/IndexError naming the request if the batch is inconsistent.
+
+    Checks rows, lengths and slots against the slot table and the KV capacity, that the
+    new tokens' slots are the ones the slot table lists for their positions, and that token
+    ids are in the vocabulary (or ``FUTURE_TOKEN``).
+    """
+    batch.check()
+    num_rows, max_context_len = req_to_token.shape
+    loc = batch.out_cache_loc
+    start = 0
+    for i, rid in enumerate(batch.rids):
+        row = int(batch.req_pool_indices[i])
+        prefix_len, seq_len = int(batch.prefix_lens[i]), int(batch.seq_lens[i])
+        extend_len = seq_len - prefix_len
+        if not 0 <= row < num_rows:
+            raise IndexError(f'request {rid}: req_pool_index {row} outside [0, {num_rows})')
+        if prefix_len < 0 or extend_len < 1 or seq_len > max_context_len:
+            raise ValueError(
+                f'request {rid}: prefix_len {prefix_len}, seq_len {seq_len} are not a '
+                f'non-empty extend inside the slot table of {max_context_len} positions'
+            )
+        slots = req_to_token[row, :seq_len]
+        bad = (slots < 0) | (slots >= num_kv_slots)
+        if bool(bad.any()):
+            pos = int(bad.nonzero()[0, 0])
+            raise IndexError(
+                f'request {rid}: req_to_token[{row}, {pos}] = {int(slots[pos])} is outside '
+                f'the KV cache [0, {num_kv_slots})'
+            )
+        new_slots = loc[start : start + extend_len]
+        if not torch.equal(new_slots.to(slots.dtype), slots[prefix_len:]):
+            raise ValueError(
+                f'request {rid}: out_cache_loc does not match req_to_token[{row}, '
+                f'{prefix_len}:{seq_len}]'
+            )
+        start += extend_len
+    if loc.numel() and torch.unique(loc).numel() != loc.numel():
+        raise ValueError('out_cache_loc writes one KV slot twice in this batch')
+    ids = batch.input_ids
+    bad_ids = (ids < FUTURE_TOKEN) | (ids >= vocab_size)
+    if bool(bad_ids.any()):
+        t = int(bad_ids.nonzero()[0, 0])
+        ends = torch.cumsum(batch.extend_lens, 0)
+        rid = batch.rids[int(torch.searchsorted(ends, t, right=True))]
+        raise ValueError(f'request {rid}: input id {int(ids[t])} outside [0, {vocab_size})')
+
+
+def image_rows(batch: ForwardBatch, *, image_token_id: int | None) -> list[ImageRows]:
+    """Which image feature rows each request's chunk needs, with placeholder checks.
+
+    Raises:
+        ValueError: for an image span outside the request's prompt, or a chunk position
+            inside an image span whose token is not the image placeholder token.
+    """
+    found = []
+    token_start = 0
+    for i, rid in enumerate(batch.rids):
+        prefix_len, seq_len = int(batch.prefix_lens[i]), int(batch.seq_lens[i])
+        for image in batch.images[i]:
+            if image.num_tokens < 1 or image.token_offset < 0:
+                raise ValueError(f'request {rid}: empty or negative image span of {image}')
+            low, high = max(image.token_offset, prefix_len), min(image.token_end, seq_len)
+            if low >= high:
+                continue
+            if image_token_id is None:
+                raise ValueError(f'request {rid} has an image but the model has no vision tower')
+            row = token_start + low - prefix_len
+            ids = batch.input_ids[row : row + high - low]
+            if bool((ids != image_token_id).any()):
+                raise ValueError(
+                    f'request {rid}: positions {low}..{high - 1} lie in the image span of '
+                    f'image {image.content_hash} but do not hold the image token {image_token_id}'
+                )
+            found.append(
+                ImageRows(
+                    rid=rid,
+                    image=image,
+                    feature_start=low - image.token_offset,
+                    feature_end=high - image.token_offset,
+                    token_row=row,
+                )
+            )
+        token_start += seq_len - prefix_len
+    return found
+
+
+def image_spans(batch: ForwardBatch) -> torch.Tensor:
+    """``[B, 2]`` absolute ``[start, end)`` of each request's (first) image span."""
+    spans = torch.zeros(batch.batch_size, 2, dtype=torch.int64)
+    for i, images in enumerate(batch.images):
+        if len(images) > 1:
+            raise ValueError(
+                f'request {batch.rids[i]}: bidirectional image spans support one image per '
+                f'request, got {len(images)}'
+            )
+        if images:
+            spans[i, 0], spans[i, 1] = images[0].token_offset, images[0].token_end
+    return spans
+
+
+def logit_rows(batch: ForwardBatch) -> tuple[torch.Tensor, list[int]]:
+    """Packed rows of the last new token of each sampling request, and their positions."""
+    ends = torch.cumsum(batch.extend_lens, 0) - 1
+    rows = [int(ends[i]) for i in range(batch.batch_size) if batch.sample[i]]
+    positions = [int(batch.seq_lens[i]) for i in range(batch.batch_size) if batch.sample[i]]
+    return torch.tensor(rows, dtype=torch.int64), positions
