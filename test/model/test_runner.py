@@ -1,0 +1,185 @@
+"""ModelRunner behaviour: sampling, the overlap seam, image features, padded decode, errors."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from model_testing import PagedSlots, Step, make_batch, random_image
+
+from vla_sched.engine.forward_batch import ForwardBatch, ForwardMode, ImageInput, SamplingParams
+from vla_sched.model.runner import ModelRunner, RunnerConfig
+from vla_sched.model.sampling import sample_next_tokens
+
+ACTIONS = SamplingParams(260, 516)
+
+
+def new_runner(model, slots, **config) -> ModelRunner:
+    return ModelRunner(
+        model,
+        req_to_token=slots.req_to_token,
+        num_kv_slots=slots.num_slots,
+        config=RunnerConfig(**config),
+    )
+
+
+def prompt(builder, text, seed, image=None):
+    layout = builder.build(text)
+    pixels = random_image(seed) if image is None else image
+    span = ImageInput(seed, layout.image_offset, layout.num_image_tokens, pixels)
+    return list(layout.token_ids), span
+
+
+def test_greedy_picks_the_best_token_inside_the_allowed_range():
+    logits = torch.zeros(2, 10)
+    logits[:, 0] = 9.0  # best overall, but outside the range
+    logits[0, 6], logits[1, 4] = 3.0, 2.0
+    params = [SamplingParams(4, 8), SamplingParams(4, 8)]
+    assert sample_next_tokens(logits, params, [5, 5]).tolist() == [6, 4]
+
+
+def test_temperature_sampling_is_seeded_and_stays_in_range():
+    logits = torch.zeros(64, 50)
+    params = [SamplingParams(10, 20, temperature=1.0, seed=3)] * 64
+    first = sample_next_tokens(logits, params, list(range(64)))
+    again = sample_next_tokens(logits, params, list(range(64)))
+    other = sample_next_tokens(
+        logits, [dataclasses.replace(params[0], seed=4)] * 64, list(range(64))
+    )
+    assert torch.equal(first, again)
+    assert not torch.equal(first, other)
+    assert bool(((first >= 10) & (first < 20)).all())
+    assert len(set(first.tolist())) > 5  # flat logits: draws spread over the range
+
+
+def test_runner_returns_minus_one_for_rows_that_do_not_sample(tiny_model, prompt_builder):
+    slots = PagedSlots()
+    runner = new_runner(tiny_model, slots)
+    (a, span_a), (b, span_b) = prompt(prompt_builder, 'go', 1), prompt(prompt_builder, 'stop', 2)
+    batch = make_batch(
+        slots,
+        [
+            Step('a', 0, a, 0, len(a) - 2, (span_a,), sample=False, sampling=ACTIONS),
+            Step('b', 1, b, 0, len(b), (span_b,), sampling=ACTIONS),
+        ],
+    )
+    tokens = runner.launch(batch).result().next_token_ids
+    assert tokens[0] == -1 and 260 <= tokens[1] < 516
+
+
+def test_future_token_input_uses_the_last_sampled_token(tiny_model, prompt_builder):
+    ids, span = prompt(prompt_builder, 'grab the cup', 3)
+    outputs = []
+    for use_future in (False, True):
+        slots = PagedSlots(seed=5)
+        runner = new_runner(tiny_model, slots)
+        first = make_batch(slots, [Step('r', 2, ids, 0, len(ids), (span,), sampling=ACTIONS)])
+        token = runner.launch(first).result().next_token_ids[0]
+        grown = [*ids, -1 if use_future else token]
+        step = Step('r', 2, grown, len(ids), len(grown), sampling=ACTIONS)
+        outputs.append(runner.launch(make_batch(slots, [step], decode=True)).result())
+    assert outputs[0] == outputs[1]
+
+
+def test_each_image_is_encoded_once_and_chunks_take_their_rows(tiny_model, prompt_builder):
+    slots = PagedSlots()
+    runner = new_runner(tiny_model, slots)
+    image = random_image(11)
+    (a, span_a), (b, span_b) = (prompt(prompt_builder, t, 11, image) for t in ('go', 'halt'))
+    cut = span_b.token_offset + 7
+    batch = make_batch(
+        slots,
+        [Step('a', 0, a, 0, len(a), (span_a,)), Step('b', 1, b, 0, cut, (span_b,), sample=False)],
+    )
+    whole = runner.forward_logits(batch)
+    assert runner.feature_cache.num_misses == 1 and len(runner.feature_cache) == 1
+    runner.forward_logits(make_batch(slots, [Step('b', 1, b, cut, len(b), (span_b,))]))
+    assert runner.feature_cache.num_hits == 1
+    assert whole.shape == (len(a) + cut, 520)
+
+
+def test_padded_decode_path_equals_the_plain_path_and_keeps_real_kv(tiny_model, prompt_builder):
+    prompts = [prompt(prompt_builder, t, s) for t, s in (('a', 1), ('b', 2), ('c', 3))]
+    results = []
+    for padded in (False, True):
+        slots = PagedSlots(seed=6)
+        runner = new_runner(tiny_model, slots, padded_decode=padded, decode_batch_sizes=(2, 4))
+        steps = [
+            Step(str(i), i, ids, 0, len(ids), (span,)) for i, (ids, span) in enumerate(prompts)
+        ]
+        runner.forward_logits(make_batch(slots, steps))
+        grown = [[*ids, 300 + i] for i, (ids, _) in enumerate(prompts)]
+        decode = make_batch(
+            slots,
+            [Step(str(i), i, g, len(g) - 1, len(g)) for i, g in enumerate(grown)],
+            decode=True,
+        )
+        tokens = runner.launch(decode).result().next_token_ids
+        real = slots.req_to_token[:3, : len(grown[0])].reshape(-1).long()
+        results.append((tokens, runner.kv_caches[1][0][real].clone()))
+    assert results[0][0] == results[1][0]
+    assert torch.equal(results[0][1], results[1][1])
+
+
+def test_triton_kernels_under_the_interpreter_match_the_torch_path(tiny_model, prompt_builder):
+    ids, span = prompt(prompt_builder, 'go', 4)
+    outputs = []
+    for backend in ('torch', 'triton'):
+        slots = PagedSlots(seed=7)
+        runner = new_runner(
+            tiny_model, slots, backend=backend, padded_decode=True, decode_batch_sizes=(1,)
+        )
+        cut = len(ids) - 3
+        first = runner.forward_logits(make_batch(slots, [Step('r', 0, ids, 0, cut, (span,))]))
+        rest = runner.forward_logits(make_batch(slots, [Step('r', 0, ids, cut, len(ids))]))
+        grown = [*ids, 301]
+        step = Step('r', 0, grown, len(ids), len(grown), sampling=ACTIONS)
+        token = runner.launch(make_batch(slots, [step], decode=True)).result()
+        outputs.append((torch.cat([first, rest]), token))
+    assert float((outputs[0][0] - outputs[1][0]).abs().max()) <= 1e-4
+    assert outputs[0][1] == outputs[1][1]
+
+
+def test_idle_batch_returns_no_tokens(tiny_model):
+    slots = PagedSlots()
+    runner = new_runner(tiny_model, slots)
+    empty = torch.zeros(0, dtype=torch.int64)
+    batch = ForwardBatch(
+        ForwardMode.IDLE, (), empty, empty, empty, empty, empty, empty, (), (), ()
+    )
+    assert runner.launch(batch).result().next_token_ids == ()
+
+
+def test_cuda_graphs_are_refused_on_the_cpu(tiny_model):
+    slots = PagedSlots()
+    with pytest.raises(ValueError, match='CUDA graphs need'):
+        new_runner(tiny_model, slots, cuda_graphs=True)
+
+
+def _bad(batch: ForwardBatch, **changes) -> ForwardBatch:
+    return dataclasses.replace(batch, **changes)
+
+
+def test_bad_batches_fail_naming_the_request(tiny_model, prompt_builder):
+    slots = PagedSlots()
+    runner = new_runner(tiny_model, slots)
+    ids, span = prompt(prompt_builder, 'go', 1)
+    good = make_batch(slots, [Step('robot7', 0, ids, 0, len(ids), (span,))])
+    wrong_slots = good.out_cache_loc.flip(0)
+    with pytest.raises(ValueError, match='request robot7: out_cache_loc does not match'):
+        runner.forward_logits(_bad(good, out_cache_loc=wrong_slots))
+    slots.req_to_token[0, 3] = slots.num_slots + 5
+    with pytest.raises(IndexError, match=r'request robot7: req_to_token\[0, 3\]'):
+        runner.forward_logits(good)
+    slots.req_to_token[0, 3] = good.out_cache_loc[3]
+    text_ids = good.input_ids.clone()
+    text_ids[span.token_offset] = 42
+    with pytest.raises(ValueError, match=r'request robot7: positions .* image token 516'):
+        runner.forward_logits(_bad(good, input_ids=text_ids))
+    with pytest.raises(ValueError, match='request robot7: allowed tokens'):
+        runner.launch(_bad(good, sampling=(SamplingParams(0, 600),)))
+    gray = ImageInput(9, span.token_offset, span.num_tokens, random_image(1)[..., 0])
+    with pytest.raises(ValueError, match='request robot7, image 9: image must have shape'):
+        runner.forward_logits(_bad(good, images=((gray,),)))
+    assert runner.forward_logits(good).shape == (len(ids), 520)  # the good batch still runs
