@@ -28,7 +28,7 @@ from vla_sched.kernels import _validate as checks
 # A split never holds fewer tokens than this, so short requests are not split.
 MIN_TOKENS_PER_SPLIT = 256
 # Stage-1 programs wanted per streaming multiprocessor before splitting stops.
-PROGRAMS_PER_SM = 4
+PROGRAMS_PER_SM = 8
 # Query heads one stage-1 program handles (the M side of its tl.dot, at least 16 on a GPU).
 HEADS_PER_PROGRAM = 16
 
