@@ -182,4 +182,10 @@ def test_bad_batches_fail_naming_the_request(tiny_model, prompt_builder):
     gray = ImageInput(9, span.token_offset, span.num_tokens, random_image(1)[..., 0])
     with pytest.raises(ValueError, match='request robot7, image 9: image must have shape'):
         runner.forward_logits(_bad(good, images=((gray,),)))
+    bad_ids = good.input_ids.clone()
+    bad_ids[-1] = 520
+    with pytest.raises(ValueError, match=r'request robot7: input id 520 outside \[0, 520\)'):
+        runner.forward_logits(_bad(good, input_ids=bad_ids))
+    with pytest.raises(IndexError, match='request robot7: req_pool_index 8 outside'):
+        runner.forward_logits(_bad(good, req_pool_indices=torch.tensor([8])))
     assert runner.forward_logits(good).shape == (len(ids), 520)  # the good batch still runs

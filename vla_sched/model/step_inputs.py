@@ -42,47 +42,55 @@ def check_batch(
 
     Checks rows, lengths and slots against the slot table and the KV capacity, that the
     new tokens' slots are the ones the slot table lists for their positions, and that token
-    ids are in the vocabulary (or ``FUTURE_TOKEN``).
+    ids are in the vocabulary (or ``FUTURE_TOKEN``). Vectorized: a handful of tensor ops
+    whatever the batch size.
     """
     batch.check()
     num_rows, max_context_len = req_to_token.shape
+    rows, prefix, seq = batch.req_pool_indices, batch.prefix_lens, batch.seq_lens
+    bad_row = (rows < 0) | (rows >= num_rows)
+    if bool(bad_row.any()):
+        i = int(bad_row.nonzero()[0, 0])
+        raise IndexError(
+            f'request {batch.rids[i]}: req_pool_index {int(rows[i])} outside [0, {num_rows})'
+        )
+    bad_len = (prefix < 0) | (batch.extend_lens < 1) | (seq > max_context_len)
+    if bool(bad_len.any()):
+        i = int(bad_len.nonzero()[0, 0])
+        raise ValueError(
+            f'request {batch.rids[i]}: prefix_len {int(prefix[i])}, seq_len {int(seq[i])} are '
+            f'not a non-empty extend inside the slot table of {max_context_len} positions'
+        )
+    table = req_to_token[rows, : int(seq.max())].to(torch.int64)
+    in_use = torch.arange(table.shape[1])[None, :] < seq[:, None]
+    bad_slot = in_use & ((table < 0) | (table >= num_kv_slots))
+    if bool(bad_slot.any()):
+        i, pos = (int(x) for x in bad_slot.nonzero()[0])
+        raise IndexError(
+            f'request {batch.rids[i]}: req_to_token[{int(rows[i])}, {pos}] = '
+            f'{int(table[i, pos])} is outside the KV cache [0, {num_kv_slots})'
+        )
+    token_req = torch.repeat_interleave(torch.arange(batch.batch_size), batch.extend_lens)
+    starts = torch.cumsum(batch.extend_lens, 0) - batch.extend_lens
+    positions = torch.arange(batch.num_tokens) - starts[token_req] + prefix[token_req]
+    mismatch = table[token_req, positions] != batch.out_cache_loc
+    if bool(mismatch.any()):
+        i = int(token_req[mismatch.nonzero()[0, 0]])
+        raise ValueError(
+            f'request {batch.rids[i]}: out_cache_loc does not match '
+            f'req_to_token[{int(rows[i])}, {int(prefix[i])}:{int(seq[i])}]'
+        )
     loc = batch.out_cache_loc
-    start = 0
-    for i, rid in enumerate(batch.rids):
-        row = int(batch.req_pool_indices[i])
-        prefix_len, seq_len = int(batch.prefix_lens[i]), int(batch.seq_lens[i])
-        extend_len = seq_len - prefix_len
-        if not 0 <= row < num_rows:
-            raise IndexError(f'request {rid}: req_pool_index {row} outside [0, {num_rows})')
-        if prefix_len < 0 or extend_len < 1 or seq_len > max_context_len:
-            raise ValueError(
-                f'request {rid}: prefix_len {prefix_len}, seq_len {seq_len} are not a '
-                f'non-empty extend inside the slot table of {max_context_len} positions'
-            )
-        slots = req_to_token[row, :seq_len]
-        bad = (slots < 0) | (slots >= num_kv_slots)
-        if bool(bad.any()):
-            pos = int(bad.nonzero()[0, 0])
-            raise IndexError(
-                f'request {rid}: req_to_token[{row}, {pos}] = {int(slots[pos])} is outside '
-                f'the KV cache [0, {num_kv_slots})'
-            )
-        new_slots = loc[start : start + extend_len]
-        if not torch.equal(new_slots.to(slots.dtype), slots[prefix_len:]):
-            raise ValueError(
-                f'request {rid}: out_cache_loc does not match req_to_token[{row}, '
-                f'{prefix_len}:{seq_len}]'
-            )
-        start += extend_len
     if loc.numel() and torch.unique(loc).numel() != loc.numel():
         raise ValueError('out_cache_loc writes one KV slot twice in this batch')
     ids = batch.input_ids
     bad_ids = (ids < FUTURE_TOKEN) | (ids >= vocab_size)
     if bool(bad_ids.any()):
         t = int(bad_ids.nonzero()[0, 0])
-        ends = torch.cumsum(batch.extend_lens, 0)
-        rid = batch.rids[int(torch.searchsorted(ends, t, right=True))]
-        raise ValueError(f'request {rid}: input id {int(ids[t])} outside [0, {vocab_size})')
+        raise ValueError(
+            f'request {batch.rids[int(token_req[t])]}: input id {int(ids[t])} outside '
+            f'[0, {vocab_size})'
+        )
 
 
 def image_rows(batch: ForwardBatch, *, image_token_id: int | None) -> list[ImageRows]:
