@@ -1,0 +1,220 @@
+"""ROS messages <-> numpy at the node's boundary, with every input checked first.
+
+Images go through cv_bridge, but only after their encoding, size, step and data length have
+been checked here: cv_bridge reads ``width * height * channels`` bytes from the buffer and
+ignores ``step`` (a padded image decodes into sheared rows), crashes on ``is_bigendian`` under
+NumPy 2, and decodes ``16UC1`` as 8-bit. So the node accepts ``rgb8``, ``bgr8`` and ``mono8``
+(expanded to three channels), repacks padded rows itself, and refuses everything else.
+
+Every refusal raises ``ConversionError`` (or a subclass) whose message names the field.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from sensor_msgs.msg import CompressedImage, Image, JointState
+
+ACCEPTED_ENCODINGS = {'rgb8': 3, 'bgr8': 3, 'mono8': 1}
+ACCEPTED_COMPRESSED_FORMATS = ('jpeg', 'jpg', 'png')
+DEFAULT_MAX_IMAGE_PIXELS = 4096 * 4096
+
+
+class ConversionError(ValueError):
+    """An input message that cannot become a step's input; the message says why."""
+
+
+class ImageError(ConversionError):
+    """Wrong encoding, size, step or data length."""
+
+
+class StateError(ConversionError):
+    """NaN or inf joint values, or joint names that do not match the configured ones."""
+
+
+class InstructionError(ConversionError):
+    """Empty or over-long instruction."""
+
+
+def image_to_rgb(msg: Image, *, max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS) -> np.ndarray:
+    """Convert a ``sensor_msgs/Image`` to a contiguous uint8 RGB array ``[H, W, 3]``.
+
+    Args:
+        msg: the image; ``rgb8``, ``bgr8`` or ``mono8``, rows possibly padded (``step``).
+        max_pixels: refuse images with more pixels than this.
+
+    Raises:
+        ImageError: naming the encoding, the dimensions, ``step`` or the data length.
+    """
+    channels = ACCEPTED_ENCODINGS.get(msg.encoding)
+    if channels is None:
+        raise ImageError(
+            f'image encoding {msg.encoding!r} is not accepted; '
+            f'use one of {sorted(ACCEPTED_ENCODINGS)}'
+        )
+    height, width = int(msg.height), int(msg.width)
+    if height < 1 or width < 1:
+        raise ImageError(f'image size {width}x{height} is empty')
+    if height * width > max_pixels:
+        raise ImageError(f'image size {width}x{height} exceeds {max_pixels} pixels')
+    row_len = width * channels
+    if msg.step < row_len:
+        raise ImageError(
+            f'image step {msg.step} is smaller than width*channels = {width}*{channels}'
+        )
+    if len(msg.data) != msg.step * height:
+        raise ImageError(
+            f'image data has {len(msg.data)} bytes; {width}x{height} {msg.encoding} with '
+            f'step {msg.step} needs {msg.step * height}'
+        )
+    return _decode_checked(msg, height=height, width=width, row_len=row_len)
+
+
+def _decode_checked(msg: Image, *, height: int, width: int, row_len: int) -> np.ndarray:
+    from cv_bridge import CvBridge, CvBridgeError
+
+    if msg.step != row_len or msg.is_bigendian:
+        # Hand cv_bridge a packed copy (8-bit data has no byte order).
+        msg = _packed_copy(msg, height=height, width=width, row_len=row_len)
+    try:
+        rgb = CvBridge().imgmsg_to_cv2(msg, desired_encoding='rgb8')
+    except CvBridgeError as exc:
+        raise ImageError(f'cv_bridge cannot convert {msg.encoding}: {exc}') from exc
+    if rgb.shape != (height, width, 3) or rgb.dtype != np.uint8:
+        raise ImageError(f'cv_bridge returned {rgb.dtype} {rgb.shape}, expected uint8 RGB')
+    return np.ascontiguousarray(rgb)
+
+
+def _packed_copy(msg: Image, *, height: int, width: int, row_len: int) -> Image:
+    from sensor_msgs.msg import Image
+
+    rows = np.frombuffer(msg.data, dtype=np.uint8).reshape(height, msg.step)[:, :row_len]
+    packed = Image(header=msg.header, height=height, width=width, encoding=msg.encoding)
+    packed.is_bigendian = 0
+    packed.step = row_len
+    packed.data = np.ascontiguousarray(rows).tobytes()
+    return packed
+
+
+def compressed_to_rgb(
+    msg: CompressedImage, *, max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
+) -> np.ndarray:
+    """Convert a JPEG or PNG ``sensor_msgs/CompressedImage`` to uint8 RGB ``[H, W, 3]``.
+
+    Raises:
+        ImageError: unknown format, undecodable data, or too many pixels.
+    """
+    import cv2
+    from cv_bridge import CvBridge, CvBridgeError
+
+    kind = msg.format.split(';')[0].strip().lower()
+    if kind not in ACCEPTED_COMPRESSED_FORMATS and not kind.startswith(('rgb8', 'bgr8')):
+        raise ImageError(
+            f'compressed image format {msg.format!r} is not accepted; '
+            f'use one of {list(ACCEPTED_COMPRESSED_FORMATS)}'
+        )
+    if len(msg.data) == 0:
+        raise ImageError('compressed image has no data')
+    try:
+        rgb = CvBridge().compressed_imgmsg_to_cv2(msg, desired_encoding='rgb8')
+    except (CvBridgeError, cv2.error) as exc:
+        raise ImageError(f'compressed image cannot be decoded: {exc}') from exc
+    if rgb is None or rgb.ndim != 3 or rgb.shape[2] != 3:
+        raise ImageError('compressed image did not decode to a colour image')
+    if rgb.shape[0] * rgb.shape[1] > max_pixels:
+        raise ImageError(f'image size {rgb.shape[1]}x{rgb.shape[0]} exceeds {max_pixels}')
+    return np.ascontiguousarray(rgb, dtype=np.uint8)
+
+
+def rgb_to_image(rgb: np.ndarray, *, stamp=None, frame_id: str = '') -> Image:
+    """Build an ``rgb8`` ``sensor_msgs/Image`` from a uint8 ``[H, W, 3]`` array."""
+    from sensor_msgs.msg import Image
+
+    if rgb.dtype != np.uint8 or rgb.ndim != 3 or rgb.shape[2] != 3:
+        raise ImageError(f'expected uint8 [H, W, 3], got {rgb.dtype} {rgb.shape}')
+    msg = Image(height=rgb.shape[0], width=rgb.shape[1], encoding='rgb8')
+    if stamp is not None:
+        msg.header.stamp = stamp
+    msg.header.frame_id = frame_id
+    msg.is_bigendian = 0
+    msg.step = rgb.shape[1] * 3
+    msg.data = np.ascontiguousarray(rgb).tobytes()
+    return msg
+
+
+def joint_state_to_vector(msg: JointState, joint_names: Sequence[str]) -> np.ndarray:
+    """The positions of ``joint_names``, in that order, as float32.
+
+    The message may list more joints than configured (a robot publishes every joint it has),
+    but each configured joint must appear exactly once with a finite position.
+
+    Raises:
+        StateError: a configured joint is missing, listed twice, or not finite, or the
+            message's name and position lists differ in length.
+    """
+    if len(msg.name) != len(msg.position):
+        raise StateError(
+            f'joint_states has {len(msg.name)} names but {len(msg.position)} positions'
+        )
+    index: dict[str, int] = {}
+    for i, name in enumerate(msg.name):
+        if name in index:
+            raise StateError(f'joint_states lists joint {name!r} twice')
+        index[name] = i
+    missing = [name for name in joint_names if name not in index]
+    if missing:
+        unknown = sorted(set(msg.name) - set(joint_names))
+        hint = f'; it has unknown joints {unknown}' if unknown else ''
+        raise StateError(f'joint_states lacks configured joints {missing}{hint}')
+    values = np.array([msg.position[index[name]] for name in joint_names], dtype=np.float64)
+    bad = [name for name, v in zip(joint_names, values, strict=True) if not math.isfinite(v)]
+    if bad:
+        raise StateError(f'joint_states has non-finite positions for {bad}')
+    as_float32 = values.astype(np.float32)
+    if not np.all(np.isfinite(as_float32)):
+        raise StateError('joint_states positions overflow float32')
+    return as_float32
+
+
+def check_instruction(text: str, *, max_bytes: int) -> str:
+    """Return the instruction stripped of surrounding whitespace if it is usable.
+
+    Raises:
+        InstructionError: empty (or only whitespace), over ``max_bytes`` in UTF-8, or
+            containing NUL characters.
+    """
+    size = len(text.encode('utf-8', errors='surrogatepass'))
+    if size > max_bytes:
+        raise InstructionError(f'instruction has {size} bytes; the limit is {max_bytes}')
+    stripped = text.strip()
+    if not stripped:
+        raise InstructionError('instruction is empty')
+    if '\x00' in stripped:
+        raise InstructionError('instruction contains a NUL character')
+    return stripped
+
+
+def stamp_to_ns(stamp) -> int:
+    """Nanoseconds of a ``builtin_interfaces/Time``."""
+    return int(stamp.sec) * 1_000_000_000 + int(stamp.nanosec)
+
+
+def ns_to_stamp(ns: int):
+    """A ``builtin_interfaces/Time`` for ``ns`` nanoseconds (clamped at 0)."""
+    from builtin_interfaces.msg import Time
+
+    ns = max(0, int(ns))
+    return Time(sec=ns // 1_000_000_000, nanosec=ns % 1_000_000_000)
+
+
+def ns_to_duration(ns: int):
+    """A ``builtin_interfaces/Duration`` for ``ns`` nanoseconds (non-negative)."""
+    from builtin_interfaces.msg import Duration
+
+    ns = max(0, int(ns))
+    return Duration(sec=ns // 1_000_000_000, nanosec=ns % 1_000_000_000)

@@ -1,0 +1,374 @@
+"""The frontend node: robots' topics in, the engine in the middle, action chunks out.
+
+Per robot (under its namespace) it subscribes ``camera/image_raw`` (sensor-data QoS; or
+``camera/image_raw/compressed``), ``joint_states`` and ``vla/instruction`` (transient local),
+and publishes ``vla/action_chunk``, ``vla/step_rejected`` and, if enabled,
+``vla/joint_trajectory``. It publishes ``/diagnostics`` at ``diagnostics.period_s``.
+
+Callbacks only convert and enqueue (into the robot's ``RobotSlot``). One timer, every
+``engine.poll_period_s``, collects the engine's messages, publishes results, and sends each
+robot that is due its newest observation. When the engine dies, every step in flight is
+answered with StepRejected(ENGINE_UNAVAILABLE), nothing it computed is published, and the
+engine is restarted after ``engine.restart_delay_s``.
+
+    python -m vla_sched.ros.node --ros-args --params-file config/vla_sched.yaml
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+
+from rclpy.node import Node
+
+from vla_sched.ipc.messages import (
+    CloseSession,
+    EngineInfo,
+    FailureReason,
+    StepFailure,
+    StepRequest,
+    StepResult,
+)
+from vla_sched.ros import diagnostics, outputs, params
+from vla_sched.ros.config import ConfigError, FrontendConfig
+from vla_sched.ros.conversions import (
+    ConversionError,
+    check_instruction,
+    compressed_to_rgb,
+    image_to_rgb,
+    joint_state_to_vector,
+    stamp_to_ns,
+)
+from vla_sched.ros.engine_link import EngineLink
+from vla_sched.ros.robot_slot import Observation, Refusal, RobotSlot
+
+NODE_NAME = 'vla_sched'
+
+
+class RobotTopics:
+    """One robot's publishers (subscriptions are kept by the node)."""
+
+    def __init__(self, node: Node, slot: RobotSlot) -> None:
+        from trajectory_msgs.msg import JointTrajectory
+
+        from vla_sched.msg import ActionChunk, StepRejected
+
+        ns = slot.config.topic_namespace
+        self.chunks = node.create_publisher(ActionChunk, f'{ns}/vla/action_chunk', 10)
+        self.rejected = node.create_publisher(StepRejected, f'{ns}/vla/step_rejected', 10)
+        self.trajectory = None
+        if slot.config.publish_joint_trajectory:
+            self.trajectory = node.create_publisher(
+                JointTrajectory, f'{ns}/vla/joint_trajectory', 10
+            )
+
+
+class VlaSchedNode(Node):
+    """The frontend node (see the module docstring)."""
+
+    def __init__(self, *, client_factory=None, **kwargs) -> None:
+        super().__init__(NODE_NAME, **kwargs)
+        self.config: FrontendConfig = params.declare_and_read(self)
+        self.add_on_set_parameters_callback(
+            params.runtime_validator(self.config, self._apply_runtime_param)
+        )
+        now = self._now_ns()
+        window_s = self.config.diagnostics.window_s
+        self.slots = {
+            r.robot_id: RobotSlot(r, window_s=window_s, created_ns=now) for r in self.config.robots
+        }
+        self.topics = {rid: RobotTopics(self, slot) for rid, slot in self.slots.items()}
+        for slot in self.slots.values():
+            self._subscribe(slot)
+        self.link = EngineLink((client_factory or _engine_client)(self.config), self.config.link)
+        self._diagnostics_pub = self._create_diagnostics_publisher()
+        self.link.start()
+        self.get_logger().info(
+            f'serving {len(self.slots)} robots {sorted(self.slots)}; engine '
+            f'{self.config.link.mode} mode, starting'
+        )
+        self.create_timer(self.config.link.poll_period_s, self._pump)
+        self.create_timer(self.config.diagnostics.period_s, self.publish_diagnostics)
+
+    # --- wiring -----------------------------------------------------------------------------
+
+    def _subscribe(self, slot: RobotSlot) -> None:
+        from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
+        from rclpy.qos import qos_profile_sensor_data as sensor_qos
+        from sensor_msgs.msg import CompressedImage, Image, JointState
+        from std_msgs.msg import String
+
+        ns = slot.config.topic_namespace
+        if slot.config.image_transport == 'compressed':
+            self.create_subscription(
+                CompressedImage,
+                f'{ns}/camera/image_raw/compressed',
+                lambda msg: self._on_image(slot, msg, compressed=True),
+                sensor_qos,
+            )
+        else:
+            self.create_subscription(
+                Image, f'{ns}/camera/image_raw', lambda msg: self._on_image(slot, msg), sensor_qos
+            )
+        self.create_subscription(
+            JointState, f'{ns}/joint_states', lambda msg: self._on_joints(slot, msg), sensor_qos
+        )
+        latched = QoSProfile(
+            depth=1,
+            reliability=ReliabilityPolicy.RELIABLE,
+            durability=DurabilityPolicy.TRANSIENT_LOCAL,
+        )
+        self.create_subscription(
+            String, f'{ns}/vla/instruction', lambda msg: self._on_instruction(slot, msg), latched
+        )
+
+    def _create_diagnostics_publisher(self):
+        from diagnostic_msgs.msg import DiagnosticArray
+
+        return self.create_publisher(DiagnosticArray, '/diagnostics', 10)
+
+    # --- callbacks: convert and enqueue -----------------------------------------------------
+
+    def _on_image(self, slot: RobotSlot, msg, *, compressed: bool = False) -> None:
+        now = self._now_ns()
+        stamp = stamp_to_ns(msg.header.stamp) or now
+        try:
+            limit = self.config.max_image_pixels
+            if compressed:
+                rgb = compressed_to_rgb(msg, max_pixels=limit)
+            else:
+                rgb = image_to_rgb(msg, max_pixels=limit)
+        except ConversionError as exc:
+            self._refuse(slot, FailureReason.MALFORMED_IMAGE, str(exc), stamp, now)
+            return
+        slot.offer_image(Observation(image=rgb, stamp_ns=stamp, received_ns=now))
+
+    def _on_joints(self, slot: RobotSlot, msg) -> None:
+        names = slot.config.state_joint_names
+        if not names:
+            return  # this robot sends no state to the checkpoint
+        try:
+            slot.set_state(joint_state_to_vector(msg, names))
+        except ConversionError as exc:
+            slot.refuse_state(str(exc))
+            now = self._now_ns()
+            stamp = stamp_to_ns(msg.header.stamp) or now
+            self._refuse(slot, FailureReason.INVALID_STATE, str(exc), stamp, now)
+
+    def _on_instruction(self, slot: RobotSlot, msg) -> None:
+        try:
+            text = check_instruction(msg.data, max_bytes=self.config.max_instruction_bytes)
+        except ConversionError as exc:
+            slot.refuse_instruction(str(exc))
+            self._close_session(slot.robot_id)
+            now = self._now_ns()
+            self._refuse(slot, FailureReason.INVALID_INSTRUCTION, str(exc), now, now)
+            return
+        slot.set_instruction(text)
+        self.get_logger().info(f'{slot.robot_id}: instruction {text[:80]!r}')
+
+    def _apply_runtime_param(self, robot_id: str, name: str, value) -> None:
+        slot = self.slots[robot_id]
+        if name == 'period_s':
+            slot.set_period(value)
+        elif value:
+            slot.set_instruction(value)
+        else:
+            slot.refuse_instruction('instruction parameter cleared')
+
+    # --- the pump: engine messages in, due steps out ----------------------------------------
+
+    def _pump(self) -> None:
+        polled = self.link.poll()
+        if polled.died:
+            self._on_engine_death(polled.died)
+        for msg in polled.messages:
+            if isinstance(msg, StepResult):
+                self._on_result(msg)
+            elif isinstance(msg, StepFailure):
+                self._on_failure(msg)
+            elif isinstance(msg, EngineInfo):
+                self._on_engine_info(msg)
+        self._dispatch()
+
+    def _dispatch(self) -> None:
+        now = self._now_ns()
+        info = self.link.info
+        budget_ns = round(self.config.step_budget_s * 1e9)
+        for slot in self.slots.values():
+            if not slot.is_due(now):
+                continue
+            num_state = info.num_state if info is not None else 0
+            step = slot.take_step(
+                now, budget_ns=budget_ns, num_state=num_state, priority=slot.config.priority
+            )
+            if isinstance(step, Refusal):
+                self._publish_refusal(step)
+            elif info is None:
+                self._refuse(
+                    slot,
+                    FailureReason.ENGINE_UNAVAILABLE,
+                    f'engine {self.link.state}',
+                    step.stamp_ns,
+                    now,
+                )
+            else:
+                self._send(slot, step, now)
+
+    def _send(self, slot: RobotSlot, step: StepRequest, now: int) -> None:
+        from vla_sched.ipc.engine_client import EngineUnavailable
+
+        try:
+            self.link.send(step)
+        except EngineUnavailable as exc:
+            self._refuse(slot, FailureReason.ENGINE_UNAVAILABLE, str(exc), step.stamp_ns, now)
+            return
+        slot.mark_sent(step, now)
+
+    def _on_result(self, result: StepResult) -> None:
+        slot = self.slots.get(result.robot_id)
+        flight = slot.in_flight if slot is not None else None
+        if flight is None or flight.step_seq != result.step_seq:
+            return  # not the step in flight: stale, never published
+        now = self._now_ns()
+        info = self.link.info
+        try:
+            names = slot.config.action_names(info.action_dim if info else result.actions.shape[-1])
+            chunk = outputs.action_chunk(
+                result,
+                slot.config,
+                deadline_ns=flight.deadline_ns,
+                published_ns=now,
+                joint_names=names,
+            )
+        except (ConfigError, ValueError) as exc:
+            refusal = slot.abandon(FailureReason.INTERNAL_ERROR, str(exc), now)
+            if refusal is not None:
+                self._publish_refusal(refusal)
+            return
+        topics = self.topics[slot.robot_id]
+        topics.chunks.publish(chunk)
+        if topics.trajectory is not None:
+            topics.trajectory.publish(outputs.joint_trajectory(chunk))
+        slot.finish(result, now)
+
+    def _on_failure(self, failure: StepFailure) -> None:
+        slot = self.slots.get(failure.robot_id)
+        if slot is None:
+            return
+        refusal = slot.fail(failure, self._now_ns())
+        if refusal is not None:
+            self._publish_refusal(refusal)
+            if failure.reason is FailureReason.KV_POOL_FULL:
+                self.get_logger().warning(f'{slot.robot_id}: {failure.detail}')
+
+    def _on_engine_info(self, info: EngineInfo) -> None:
+        weights = ' (random weights: actions are meaningless)' if info.random_weights else ''
+        self.get_logger().info(
+            f'engine ready: {info.model_name}{weights}; state {info.num_state}, '
+            f'actions {info.action_horizon}x{info.action_dim}, image {info.image_size}px'
+        )
+        for slot in self.slots.values():
+            try:
+                slot.config.action_names(info.action_dim)
+            except ConfigError as exc:
+                self.get_logger().error(str(exc))
+            names = slot.config.state_joint_names
+            if info.num_state and len(names) != info.num_state:
+                self.get_logger().error(
+                    f'robots.{slot.robot_id}.state_joint_names has {len(names)} names; the '
+                    f'checkpoint takes {info.num_state} state values'
+                )
+
+    def _on_engine_death(self, why: str) -> None:
+        now = self._now_ns()
+        self.get_logger().error(
+            f'engine dead ({why}); restarting in {self.config.link.restart_delay_s:.1f} s'
+        )
+        for slot in self.slots.values():
+            refusal = slot.abandon(FailureReason.ENGINE_UNAVAILABLE, f'engine dead: {why}', now)
+            if refusal is not None:
+                self._publish_refusal(refusal)
+        self.publish_diagnostics()
+
+    # --- helpers ------------------------------------------------------------------------------
+
+    def _refuse(
+        self, slot: RobotSlot, reason: FailureReason, detail: str, stamp_ns: int, now: int
+    ) -> None:
+        refusal = slot.refuse(Refusal(slot.robot_id, 0, stamp_ns, reason, detail), now)
+        self._publish_refusal(refusal)
+
+    def _publish_refusal(self, refusal: Refusal) -> None:
+        self.topics[refusal.robot_id].rejected.publish(outputs.step_rejected(refusal))
+        self.get_logger().warning(
+            f'{refusal.robot_id}: step {refusal.step_seq} refused: {refusal.reason.value}: '
+            f'{refusal.detail[:200]}',
+            throttle_duration_sec=1.0,
+        )
+
+    def _close_session(self, robot_id: str) -> None:
+        from vla_sched.ipc.engine_client import EngineUnavailable
+
+        if self.link.ready:
+            with contextlib.suppress(EngineUnavailable):  # a dead engine holds no sessions
+                self.link.send(CloseSession(robot_id=robot_id))
+
+    def _now_ns(self) -> int:
+        return self.get_clock().now().nanoseconds
+
+    def publish_diagnostics(self) -> None:
+        now = self._now_ns()
+        msg = diagnostics.diagnostic_array(
+            self.link.view(),
+            [slot.view(now) for slot in self.slots.values()],
+            self.config.diagnostics,
+            stamp=self.get_clock().now().to_msg(),
+            hardware_id=self.get_fully_qualified_name(),
+        )
+        self._diagnostics_pub.publish(msg)
+
+    def close(self) -> None:
+        """Stop the engine (its process too) and free the runtime folder."""
+        self.link.close()
+
+
+def _engine_client(config: FrontendConfig):
+    from vla_sched.ipc.engine_client import EngineClient, EngineLaunch
+
+    launch = EngineLaunch(
+        mode=config.link.mode,
+        engine_config=config.engine_config(),
+        heartbeat_period_s=config.link.heartbeat_period_s,
+        heartbeat_timeout_s=config.link.heartbeat_timeout_s,
+    )
+    return EngineClient(launch)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the node until shutdown; 2 on a configuration error."""
+    import rclpy
+    from rclpy.exceptions import ParameterException
+    from rclpy.executors import ExternalShutdownException
+
+    rclpy.init(args=argv if argv is not None else sys.argv)
+    try:
+        try:
+            node = VlaSchedNode()
+        except (ValueError, TypeError, ParameterException) as exc:
+            print(f'vla_sched: configuration error: {exc}', file=sys.stderr)
+            return 2
+        try:
+            rclpy.spin(node)
+        except (KeyboardInterrupt, ExternalShutdownException):
+            pass
+        finally:
+            node.close()
+            node.destroy_node()
+    finally:
+        rclpy.try_shutdown()
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())

@@ -1,0 +1,306 @@
+"""One robot's state in the frontend: its newest observation, its step in flight, its counters.
+
+The rules a robot relies on live here, free of ROS so they can be tested with a fake clock:
+- newest observation wins: an image that was never sent is dropped (and counted) when a
+  newer one arrives;
+- at most one step in flight: a robot is due only when nothing of it is in the engine;
+- ``periodic`` robots are due once per period, ``on_image`` robots on every new image;
+- a step whose deadline (image stamp + budget) has passed is refused before it is sent;
+- a result is accepted only for the step in flight, so nothing stale is ever published.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+import numpy as np
+
+from vla_sched.ipc.messages import FailureReason, StepFailure, StepRequest, StepResult
+from vla_sched.ros.config import RobotConfig
+from vla_sched.ros.windows import EventWindow, LatencyWindow
+
+NS_PER_S = 1_000_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class Observation:
+    """A converted camera image waiting to be sent."""
+
+    image: np.ndarray
+    stamp_ns: int
+    received_ns: int
+
+
+@dataclass(frozen=True, slots=True)
+class InFlight:
+    """The step this robot has in the engine."""
+
+    step_seq: int
+    stamp_ns: int
+    deadline_ns: int
+    sent_ns: int
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """An observation or step that will produce no chunk (published as StepRejected)."""
+
+    robot_id: str
+    step_seq: int  # 0 when refused before a step was created
+    stamp_ns: int
+    reason: FailureReason
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
+class RobotView:
+    """What /diagnostics reports about one robot, computed at one instant."""
+
+    robot_id: str
+    target_rate_hz: float
+    action_rate_hz: float
+    rate_judged: bool  # false until the robot has been active for a whole window
+    latency_ms_p50: float
+    latency_ms_p99: float
+    num_chunks: int
+    num_deadline_misses: int
+    num_superseded: int
+    num_refused_window: int
+    refused_by_reason: dict[str, int]
+    last_error: str
+    silent_s: float  # seconds since the last image (or since start-up if none came)
+    seen_image: bool
+    num_cached_prefix_tokens: int
+    in_flight: bool
+
+
+class RobotSlot:
+    """Frontend state of one robot (see the module docstring)."""
+
+    def __init__(self, config: RobotConfig, *, window_s: float, created_ns: int) -> None:
+        self.config = config
+        self.robot_id = config.robot_id
+        self.period_ns = round(config.period_s * NS_PER_S)
+        self.pending: Observation | None = None
+        self.in_flight: InFlight | None = None
+        self.state: np.ndarray | None = None
+        self.state_error = 'no joint_states received yet'
+        self.instruction = ''
+        self.instruction_version = 0
+        self.instruction_error = 'no instruction set'
+        self.created_ns = created_ns
+        self.first_image_ns: int | None = None
+        self.last_image_ns: int | None = None
+        self._next_step_seq = 1
+        self._next_due_ns: int | None = None
+        self.num_chunks = 0
+        self.num_deadline_misses = 0
+        self.num_superseded = 0
+        self.num_cached_prefix_tokens = 0
+        self.refused_by_reason: Counter[str] = Counter()
+        self.last_error = ''
+        self.latencies = LatencyWindow()
+        window_ns = round(window_s * NS_PER_S)
+        self._chunk_times = EventWindow(window_ns)
+        self._refusal_times = EventWindow(window_ns)
+        if config.instruction:
+            self.set_instruction(config.instruction)
+
+    # --- inputs (called from subscription callbacks, already converted) -------------------
+
+    def offer_image(self, obs: Observation) -> None:
+        """Keep ``obs`` as the newest observation; an unsent older one is superseded."""
+        if self.pending is not None:
+            self.num_superseded += 1
+        self.pending = obs
+        if self.first_image_ns is None:
+            self.first_image_ns = obs.received_ns
+        self.last_image_ns = obs.received_ns
+
+    def set_state(self, state: np.ndarray) -> None:
+        self.state = state
+        self.state_error = ''
+
+    def refuse_state(self, detail: str) -> None:
+        """A bad joint_states makes the robot's state unknown until a good one arrives."""
+        self.state = None
+        self.state_error = detail
+
+    def set_instruction(self, text: str) -> None:
+        if text != self.instruction:
+            self.instruction = text
+            self.instruction_version += 1
+        self.instruction_error = ''
+
+    def refuse_instruction(self, detail: str) -> None:
+        """A refused instruction stops the robot until a valid one arrives (no old task)."""
+        self.instruction = ''
+        self.instruction_version += 1
+        self.instruction_error = f'last instruction refused: {detail}'
+
+    def set_period(self, period_s: float) -> None:
+        self.period_ns = round(period_s * NS_PER_S)
+
+    # --- dispatch --------------------------------------------------------------------------
+
+    def is_due(self, now_ns: int) -> bool:
+        """An unsent observation, nothing in flight, and (periodic) its period has come."""
+        if self.pending is None or self.in_flight is not None:
+            return False
+        if self.config.trigger == 'on_image' or self._next_due_ns is None:
+            return True
+        return now_ns >= self._next_due_ns
+
+    def take_step(
+        self, now_ns: int, *, budget_ns: int, num_state: int, priority: int
+    ) -> StepRequest | Refusal:
+        """Turn the pending observation into a step, or refuse it (it is consumed either way).
+
+        A refusal is already counted; the caller publishes it. A request is the caller's to
+        send, followed by ``mark_sent`` (or ``refuse`` if sending failed).
+        """
+        obs = self.pending
+        if obs is None:
+            raise RuntimeError(f'robot {self.robot_id}: take_step without an observation')
+        self.pending = None
+        self._advance_schedule(now_ns)
+        deadline_ns = obs.stamp_ns + budget_ns
+        problem = self._input_problem(num_state)
+        if problem is not None:
+            return self._refusal(obs.stamp_ns, *problem, now_ns=now_ns)
+        if now_ns > deadline_ns:
+            late_ms = (now_ns - deadline_ns) / 1e6
+            self.num_deadline_misses += 1
+            return self._refusal(
+                obs.stamp_ns,
+                FailureReason.DEADLINE_MISSED,
+                f'deadline passed {late_ms:.1f} ms before the step could be sent',
+                now_ns=now_ns,
+            )
+        state = self.state if num_state > 0 else np.zeros(0, dtype=np.float32)
+        assert state is not None
+        return StepRequest(
+            robot_id=self.robot_id,
+            step_seq=self._next_step_seq,
+            stamp_ns=obs.stamp_ns,
+            deadline_ns=deadline_ns,
+            received_ns=obs.received_ns,
+            image=obs.image,
+            state=state,
+            instruction=self.instruction,
+            instruction_version=self.instruction_version,
+            priority=priority,
+        )
+
+    def _input_problem(self, num_state: int) -> tuple[FailureReason, str] | None:
+        if not self.instruction:
+            return FailureReason.INVALID_INSTRUCTION, self.instruction_error
+        if num_state > 0:
+            names = self.config.state_joint_names
+            if len(names) != num_state:
+                return (
+                    FailureReason.INVALID_STATE,
+                    f'the checkpoint takes {num_state} state values but state_joint_names '
+                    f'has {len(names)}',
+                )
+            if self.state is None:
+                return FailureReason.INVALID_STATE, self.state_error
+        return None
+
+    def _advance_schedule(self, now_ns: int) -> None:
+        if self.config.trigger != 'periodic':
+            return
+        if self._next_due_ns is None:
+            self._next_due_ns = now_ns
+        self._next_due_ns += self.period_ns
+        if self._next_due_ns <= now_ns:  # fell behind: skip the missed periods
+            self._next_due_ns = now_ns + self.period_ns
+
+    def mark_sent(self, request: StepRequest, now_ns: int) -> None:
+        self.in_flight = InFlight(
+            step_seq=request.step_seq,
+            stamp_ns=request.stamp_ns,
+            deadline_ns=request.deadline_ns,
+            sent_ns=now_ns,
+        )
+        self._next_step_seq += 1
+
+    # --- outcomes ---------------------------------------------------------------------------
+
+    def finish(self, result: StepResult, now_ns: int) -> bool:
+        """Accept the result of the step in flight; False (ignored) for any other step."""
+        if self.in_flight is None or result.step_seq != self.in_flight.step_seq:
+            return False
+        self.in_flight = None
+        self.num_chunks += 1
+        self.num_cached_prefix_tokens = int(result.num_cached_prefix_tokens)
+        if result.late:
+            self.num_deadline_misses += 1
+        self.latencies.add((now_ns - result.stamp_ns) / 1e6)
+        self._chunk_times.add(now_ns)
+        return True
+
+    def fail(self, failure: StepFailure, now_ns: int) -> Refusal | None:
+        """The engine ended the step in flight without actions; None if it is not ours."""
+        if self.in_flight is None or failure.step_seq != self.in_flight.step_seq:
+            return None
+        self.in_flight = None
+        if failure.reason is FailureReason.DEADLINE_MISSED:
+            self.num_deadline_misses += 1
+        elif failure.reason is FailureReason.SUPERSEDED:
+            self.num_superseded += 1
+        return self.refuse(
+            Refusal(
+                self.robot_id, failure.step_seq, failure.stamp_ns, failure.reason, failure.detail
+            ),
+            now_ns,
+        )
+
+    def abandon(self, reason: FailureReason, detail: str, now_ns: int) -> Refusal | None:
+        """End the step in flight (engine lost); its result will be ignored if it comes."""
+        flight = self.in_flight
+        if flight is None:
+            return None
+        self.in_flight = None
+        return self.refuse(
+            Refusal(self.robot_id, flight.step_seq, flight.stamp_ns, reason, detail), now_ns
+        )
+
+    def refuse(self, refusal: Refusal, now_ns: int) -> Refusal:
+        """Count a refusal and remember it as the last error."""
+        self.refused_by_reason[refusal.reason.value] += 1
+        self.last_error = f'{refusal.reason.value}: {refusal.detail}'
+        self._refusal_times.add(now_ns)
+        return refusal
+
+    def _refusal(
+        self, stamp_ns: int, reason: FailureReason, detail: str, *, now_ns: int
+    ) -> Refusal:
+        return self.refuse(Refusal(self.robot_id, 0, stamp_ns, reason, detail), now_ns)
+
+    # --- health -----------------------------------------------------------------------------
+
+    def view(self, now_ns: int) -> RobotView:
+        window_ns = self._chunk_times.window_ns
+        active_since = self.first_image_ns
+        judged = active_since is not None and now_ns - active_since >= window_ns
+        silent_since = self.last_image_ns if self.last_image_ns is not None else self.created_ns
+        return RobotView(
+            robot_id=self.robot_id,
+            target_rate_hz=NS_PER_S / self.period_ns,
+            action_rate_hz=self._chunk_times.rate_hz(now_ns, since_ns=active_since),
+            rate_judged=judged,
+            latency_ms_p50=self.latencies.percentile(50),
+            latency_ms_p99=self.latencies.percentile(99),
+            num_chunks=self.num_chunks,
+            num_deadline_misses=self.num_deadline_misses,
+            num_superseded=self.num_superseded,
+            num_refused_window=self._refusal_times.count(now_ns),
+            refused_by_reason=dict(self.refused_by_reason),
+            last_error=self.last_error,
+            silent_s=(now_ns - silent_since) / 1e9,
+            seen_image=self.last_image_ns is not None,
+            num_cached_prefix_tokens=self.num_cached_prefix_tokens,
+            in_flight=self.in_flight is not None,
+        )
