@@ -6,7 +6,6 @@ Inputs are validated by the public launcher; this module only launches.
 """
 
 # Triton spells compile-time constants in upper case.
-# ruff: noqa: N803
 
 from __future__ import annotations
 

@@ -116,7 +116,7 @@ def test_decode_kernel_with_gpu_tile_sizes_matches_reference():
     inputs = _make_inputs(case, seed=2024)
     buffers = _poisoned_buffers(case)
     launch_decode_attention(
-        **inputs, **buffers, heads_per_program=HEADS_PER_PROGRAM, tile_sizes=(64, 64)
+        **inputs, **buffers, heads_per_program=HEADS_PER_PROGRAM, tile_sizes=(64, 64, 4)
     )
     expected = decode_attention_ref(**inputs)
     assert max_rel_error(buffers['out'], expected) <= TOLERANCE
