@@ -8,6 +8,8 @@ of their own) and times:
 * ``match hit``: ``match_prefix`` of every cached prompt (tokens/s matched);
 * ``match miss``: ``match_prefix`` of a shared prefix followed by unseen tokens (tokens/s
   of key looked at; the match stops at the prefix);
+
+(small trees are rebuilt and matched again until each figure covers at least 400 calls);
 * ``page alloc+free``: ``allocate_pages(1)`` then ``free_pages`` (pairs/s);
 * ``extend 8x128``: ``allocate_extend`` of 8 requests by 128 tokens each, then freeing
   them (calls/s);
@@ -49,6 +51,7 @@ from vla_sched.engine.token_allocator import PagedTokenAllocator
 NUM_SHARED_PREFIXES = 8
 PREFIX_LEN = 128
 TAIL_LEN = 384
+MIN_CALLS = 400
 
 
 def make_prompts(num_tokens: int, generator: torch.Generator) -> list[RadixKey]:
@@ -67,8 +70,8 @@ def slots_of(pages: torch.Tensor, page_size: int) -> torch.Tensor:
     return (pages[:, None] * page_size + torch.arange(page_size)).reshape(-1)
 
 
-def bench_tree(num_tokens: int, page_size: int, generator: torch.Generator) -> dict[str, float]:
-    prompts = make_prompts(num_tokens, generator)
+def build_tree(prompts: list[RadixKey], page_size: int) -> tuple[RadixCache, float]:
+    """A tree holding ``prompts``, and the seconds spent inside ``insert``."""
     total_key = sum(len(p) for p in prompts)
     allocator = PagedTokenAllocator(num_pages=total_key // page_size + 8, page_size=page_size)
     tree = RadixCache(allocator)
@@ -79,24 +82,35 @@ def bench_tree(num_tokens: int, page_size: int, generator: torch.Generator) -> d
         result = tree.insert(key, slots)
         insert_s += time.perf_counter() - start
         allocator.free(slots[: result.prefix_len])
+    return tree, insert_s
+
+
+def time_matches(tree: RadixCache, keys: list[RadixKey], reps: int) -> float:
     start = time.perf_counter()
-    for key in prompts:
-        tree.match_prefix(key)
-    hit_s = time.perf_counter() - start
+    for _ in range(reps):
+        for key in keys:
+            tree.match_prefix(key)
+    return time.perf_counter() - start
+
+
+def bench_tree(num_tokens: int, page_size: int, generator: torch.Generator) -> dict[str, float]:
+    prompts = make_prompts(num_tokens, generator)
+    total_key = sum(len(p) for p in prompts)
+    reps = -(-MIN_CALLS // len(prompts))  # small trees: repeat until MIN_CALLS calls
+    insert_s = 0.0
+    for _ in range(reps):
+        tree, seconds = build_tree(prompts, page_size)
+        insert_s += seconds
     misses = [
         RadixKey(torch.cat([p.token_ids[:PREFIX_LEN], p.token_ids[PREFIX_LEN:] + 32000]))
         for p in prompts
     ]
-    start = time.perf_counter()
-    for key in misses:
-        tree.match_prefix(key)
-    miss_s = time.perf_counter() - start
     return {
         'cached': tree.total_size(),
         'nodes': sum(1 for _ in tree.iter_nodes()),
-        'insert': total_key / insert_s,
-        'match hit': total_key / hit_s,
-        'match miss': total_key / miss_s,
+        'insert': reps * total_key / insert_s,
+        'match hit': reps * total_key / time_matches(tree, prompts, reps),
+        'match miss': reps * total_key / time_matches(tree, misses, reps),
     }
 
 
