@@ -175,10 +175,11 @@ def joint_state_to_vector(msg: JointState, joint_names: Sequence[str]) -> np.nda
     bad = [name for name, v in zip(joint_names, values, strict=True) if not math.isfinite(v)]
     if bad:
         raise StateError(f'joint_states has non-finite positions for {bad}')
-    as_float32 = values.astype(np.float32)
-    if not np.all(np.isfinite(as_float32)):
-        raise StateError('joint_states positions overflow float32')
-    return as_float32
+    limit = float(np.finfo(np.float32).max)
+    huge = [name for name, v in zip(joint_names, values, strict=True) if abs(v) > limit]
+    if huge:
+        raise StateError(f'joint_states positions of {huge} overflow float32')
+    return values.astype(np.float32)
 
 
 def check_instruction(text: str, *, max_bytes: int) -> str:

@@ -1,0 +1,165 @@
+"""The launch files parse, agree with each other, and name only installed things.
+
+launch_ros is not installable here, so the XML file is parsed and the Python files are read
+with ``ast``. What the package installs is read from CMakeLists.txt's install rules:
+``nodes/*`` to ``lib/vla_sched`` and the ``launch`` and ``config`` folders to
+``share/vla_sched``.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+LAUNCH = ROOT / 'launch'
+XML_FILE = LAUNCH / 'vla_sched.launch.xml'
+PY_FILE = LAUNCH / 'vla_sched.launch.py'
+SIM_FILE = LAUNCH / 'sim_robots.launch.py'
+OUR_NODES = {'vla_sched_node': 'vla_sched', 'vla_sim_robot': None}
+
+
+def installed_share() -> set[str]:
+    """Paths under share/vla_sched that the CMake install rules produce."""
+    cmake = (ROOT / 'CMakeLists.txt').read_text()
+    assert re.search(r'foreach\(share_dir launch config\)', cmake)
+    assert 'install(DIRECTORY ${share_dir} DESTINATION share/${PROJECT_NAME})' in cmake
+    return {
+        str(p.relative_to(ROOT))
+        for folder in ('launch', 'config')
+        for p in (ROOT / folder).rglob('*')
+        if p.is_file()
+    }
+
+
+def installed_executables() -> set[str]:
+    cmake = (ROOT / 'CMakeLists.txt').read_text()
+    assert 'file(GLOB VLA_SCHED_EXECUTABLES "${CMAKE_CURRENT_SOURCE_DIR}/nodes/*")' in cmake
+    assert 'install(PROGRAMS ${VLA_SCHED_EXECUTABLES} DESTINATION lib/${PROJECT_NAME})' in cmake
+    return {p.name for p in (ROOT / 'nodes').iterdir() if p.is_file()}
+
+
+def _share_path(text: str) -> str:
+    match = re.fullmatch(r'\$\(find-pkg-share vla_sched\)/(.+)', text)
+    assert match, f'not a path in the vla_sched share folder: {text}'
+    return match.group(1)
+
+
+def _py_calls(path: Path, func: str) -> list[ast.Call]:
+    tree = ast.parse(path.read_text())
+    return [
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and getattr(node.func, 'id', None) == func
+    ]
+
+
+def _kwargs(call: ast.Call) -> dict[str, ast.expr]:
+    return {kw.arg: kw.value for kw in call.keywords}
+
+
+def _py_share_paths(path: Path) -> set[str]:
+    """Paths built as PathJoinSubstitution([share, 'a', 'b'])."""
+    out = set()
+    for call in _py_calls(path, 'PathJoinSubstitution'):
+        parts = call.args[0].elts
+        assert isinstance(parts[0], ast.Name) and parts[0].id == 'share'
+        out.add('/'.join(p.value for p in parts[1:]))
+    return out
+
+
+def _py_arguments(path: Path) -> dict[str, str]:
+    out = {}
+    for call in _py_calls(path, 'DeclareLaunchArgument'):
+        default = _kwargs(call)['default_value']
+        out[call.args[0].value] = default.value if isinstance(default, ast.Constant) else None
+    return out
+
+
+def test_the_xml_launch_file_parses_with_documented_arguments():
+    root = ET.parse(XML_FILE).getroot()
+    assert root.tag == 'launch'
+    args = {el.get('name'): el for el in root.iter('arg') if el.get('default') is not None}
+    assert set(args) == {
+        'params_file',
+        'namespace',
+        'num_sim_robots',
+        'sim_rate',
+        'start_aggregator',
+        'analyzers_file',
+    }
+    assert all(el.get('description') for el in args.values())
+
+
+def test_xml_and_python_launch_files_declare_the_same_arguments_and_defaults():
+    root = ET.parse(XML_FILE).getroot()
+    xml_args = {el.get('name'): el.get('default') for el in root.findall('arg')}
+    py_args = _py_arguments(PY_FILE)
+    assert set(xml_args) == set(py_args)
+    for name, default in py_args.items():
+        if default is not None:  # substitutions are compared through the share paths
+            assert xml_args[name] == default, name
+
+
+def test_xml_names_installed_executables_and_files():
+    root = ET.parse(XML_FILE).getroot()
+    share = installed_share()
+    executables = installed_executables()
+    nodes = {el.get('exec'): el for el in root.iter('node')}
+    assert nodes['vla_sched_node'].get('pkg') == 'vla_sched'
+    assert 'vla_sched_node' in executables
+    assert nodes['vla_sched_node'].find('param').get('from') == '$(var params_file)'
+    assert nodes['aggregator_node'].get('pkg') == 'diagnostic_aggregator'
+    assert nodes['aggregator_node'].get('if') == '$(var start_aggregator)'
+    defaults = [el.get('default') or '' for el in root.iter('arg')]
+    paths = [p for p in defaults if p.startswith('$(find-pkg-share')]
+    paths += [el.get('file') for el in root.iter('include')]
+    assert paths and all(_share_path(p) in share for p in paths)
+
+
+@pytest.mark.parametrize('path', [PY_FILE, SIM_FILE])
+def test_python_launch_files_name_installed_executables_and_files(path):
+    share = installed_share()
+    executables = installed_executables()
+    for call in _py_calls(path, 'Node'):
+        kwargs = _kwargs(call)
+        if kwargs['package'].value == 'vla_sched':
+            assert kwargs['executable'].value in executables
+    assert _py_share_paths(path) <= share
+    compile(path.read_text(), str(path), 'exec')
+
+
+def test_the_python_launch_file_starts_the_node_with_the_params_file_and_namespace():
+    calls = {_kwargs(c)['executable'].value: _kwargs(c) for c in _py_calls(PY_FILE, 'Node')}
+    node = calls['vla_sched_node']
+    assert node['name'].value == 'vla_sched'
+    assert [e.id for e in node['parameters'].elts] == ['params_file']
+    assert node['namespace'].id == 'namespace'
+    assert 'condition' in calls['aggregator_node']
+    assert _py_share_paths(PY_FILE) == {
+        'config/vla_sched.yaml',
+        'config/diagnostics_analyzers.yaml',
+        'launch/sim_robots.launch.py',
+    }
+
+
+def test_parameter_files_are_keyed_by_the_names_the_launch_files_give_the_nodes():
+    root = ET.parse(XML_FILE).getroot()
+    names = {el.get('exec'): el.get('name') for el in root.iter('node')}
+    params = yaml.safe_load((ROOT / 'config' / 'vla_sched.yaml').read_text())
+    analyzers = yaml.safe_load((ROOT / 'config' / 'diagnostics_analyzers.yaml').read_text())
+    assert set(params) == {names['vla_sched_node']}
+    assert set(analyzers) == {names['aggregator_node']}  # the aggregator's node name
+
+
+def test_simulated_robot_ids_are_the_ones_the_default_params_file_serves():
+    source = SIM_FILE.read_text()
+    assert "robot_id = f'robot_{index}'" in source
+    params = yaml.safe_load((ROOT / 'config' / 'vla_sched.yaml').read_text())
+    robot_ids = params['vla_sched']['ros__parameters']['robot_ids']
+    assert robot_ids == [f'robot_{i}' for i in range(len(robot_ids))]

@@ -1,0 +1,222 @@
+"""Per-robot rules: newest observation wins, one step in flight, periods, deadlines."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from vla_sched.ipc.messages import FailureReason, StepFailure, StepRequest, StepResult
+from vla_sched.ros.config import RobotConfig
+from vla_sched.ros.robot_slot import Observation, Refusal, RobotSlot
+
+MS = 1_000_000
+S = 1_000_000_000
+BUDGET = 500 * MS
+
+
+def _slot(**overrides) -> RobotSlot:
+    fields = {'robot_id': 'r1', 'period_s': 0.1, 'instruction': 'pick it up'}
+    fields.update(overrides)
+    return RobotSlot(RobotConfig(**fields), window_s=1.0, created_ns=0)
+
+
+def _obs(stamp_ns: int, value: int = 0) -> Observation:
+    return Observation(
+        image=np.full((2, 2, 3), value, np.uint8), stamp_ns=stamp_ns, received_ns=stamp_ns
+    )
+
+
+def _take(slot: RobotSlot, now: int, num_state: int = 0):
+    return slot.take_step(now, budget_ns=BUDGET, num_state=num_state, priority=3)
+
+
+def _send(slot: RobotSlot, now: int) -> StepRequest:
+    step = _take(slot, now)
+    assert isinstance(step, StepRequest), step
+    slot.mark_sent(step, now)
+    return step
+
+
+def _result(step: StepRequest, *, late: bool = False) -> StepResult:
+    return StepResult(
+        robot_id=step.robot_id,
+        step_seq=step.step_seq,
+        stamp_ns=step.stamp_ns,
+        actions=np.zeros((2, 7), np.float32),
+        queue_ms=1.0,
+        prefill_ms=2.0,
+        decode_ms=3.0,
+        late=late,
+        num_cached_prefix_tokens=12,
+    )
+
+
+def test_newest_observation_wins_and_the_dropped_one_is_counted():
+    slot = _slot()
+    slot.offer_image(_obs(1 * MS, value=1))
+    slot.offer_image(_obs(2 * MS, value=2))
+    step = _take(slot, 3 * MS)
+    assert isinstance(step, StepRequest)
+    assert step.stamp_ns == 2 * MS and int(step.image[0, 0, 0]) == 2
+    assert slot.num_superseded == 1
+    assert step.priority == 3 and step.instruction == 'pick it up'
+    assert step.deadline_ns == 2 * MS + BUDGET
+
+
+def test_at_most_one_step_in_flight():
+    slot = _slot(trigger='on_image')
+    slot.offer_image(_obs(0))
+    step = _send(slot, 1 * MS)
+    slot.offer_image(_obs(5 * MS))
+    assert not slot.is_due(10 * S)
+    assert slot.finish(_result(step), 20 * MS)
+    assert slot.is_due(20 * MS)
+
+
+def test_periodic_robot_is_due_once_per_period_and_skips_missed_periods():
+    slot = _slot(period_s=0.1)
+    slot.offer_image(_obs(0))
+    assert slot.is_due(0)
+    step = _send(slot, 0)
+    slot.finish(_result(step), 10 * MS)
+    slot.offer_image(_obs(20 * MS))
+    assert not slot.is_due(99 * MS)
+    assert slot.is_due(100 * MS)
+    step = _send(slot, 100 * MS)
+    slot.finish(_result(step), 450 * MS)
+    slot.offer_image(_obs(450 * MS))
+    # Fell behind (next period at 200 ms passed): the next one is a period after now.
+    assert slot.is_due(451 * MS)
+    _send(slot, 451 * MS)
+    slot.in_flight = None
+    slot.offer_image(_obs(460 * MS))
+    assert not slot.is_due(550 * MS)
+    assert slot.is_due(551 * MS)
+
+
+def test_on_image_robot_is_due_on_every_new_image_only():
+    slot = _slot(trigger='on_image')
+    assert not slot.is_due(0)
+    slot.offer_image(_obs(0))
+    step = _send(slot, 0)
+    slot.finish(_result(step), 1 * MS)
+    assert not slot.is_due(2 * MS)
+    slot.offer_image(_obs(3 * MS))
+    assert slot.is_due(3 * MS)
+
+
+def test_step_past_its_deadline_is_refused_before_sending():
+    slot = _slot()
+    slot.offer_image(_obs(0))
+    refusal = _take(slot, BUDGET + 1)
+    assert isinstance(refusal, Refusal)
+    assert refusal.reason is FailureReason.DEADLINE_MISSED and refusal.step_seq == 0
+    assert slot.num_deadline_misses == 1
+    assert slot.pending is None and slot.in_flight is None
+
+
+def test_refused_instruction_stops_the_robot_until_a_valid_one_arrives():
+    slot = _slot()
+    version = slot.instruction_version
+    slot.refuse_instruction('instruction is empty')
+    slot.offer_image(_obs(0))
+    refusal = _take(slot, 1)
+    assert isinstance(refusal, Refusal)
+    assert refusal.reason is FailureReason.INVALID_INSTRUCTION
+    assert 'instruction is empty' in refusal.detail
+    slot.set_instruction('open the drawer')
+    assert slot.instruction_version == version + 2
+    slot.offer_image(_obs(200 * MS))
+    step = _take(slot, 200 * MS)
+    assert isinstance(step, StepRequest) and step.instruction == 'open the drawer'
+
+
+def test_state_is_required_when_the_checkpoint_takes_it():
+    slot = _slot(state_joint_names=('a', 'b'))
+    slot.offer_image(_obs(0))
+    refusal = _take(slot, 1, num_state=2)
+    assert isinstance(refusal, Refusal) and refusal.reason is FailureReason.INVALID_STATE
+    assert 'no joint_states' in refusal.detail
+    slot.set_state(np.array([0.5, -0.5], np.float32))
+    slot.offer_image(_obs(200 * MS))
+    step = _take(slot, 200 * MS, num_state=2)
+    assert isinstance(step, StepRequest)
+    np.testing.assert_array_equal(step.state, [0.5, -0.5])
+    slot.refuse_state("joint_states has non-finite positions for ['b']")
+    slot.offer_image(_obs(400 * MS))
+    refusal = _take(slot, 400 * MS, num_state=2)
+    assert isinstance(refusal, Refusal) and 'non-finite' in refusal.detail
+
+
+def test_state_name_count_must_match_the_checkpoint():
+    slot = _slot(state_joint_names=('a',))
+    slot.set_state(np.zeros(1, np.float32))
+    slot.offer_image(_obs(0))
+    refusal = _take(slot, 1, num_state=7)
+    assert isinstance(refusal, Refusal)
+    assert 'takes 7 state values but state_joint_names has 1' in refusal.detail
+
+
+def test_step_seq_counts_only_sent_steps():
+    slot = _slot(trigger='on_image')
+    slot.offer_image(_obs(0))
+    first = _send(slot, 0)
+    slot.finish(_result(first), 1 * MS)
+    slot.offer_image(_obs(0))
+    assert isinstance(_take(slot, BUDGET + 1), Refusal)  # refused: no step created
+    slot.offer_image(_obs(2 * S))
+    second = _send(slot, 2 * S)
+    assert (first.step_seq, second.step_seq) == (1, 2)
+
+
+def test_results_of_steps_not_in_flight_are_ignored():
+    slot = _slot(trigger='on_image')
+    slot.offer_image(_obs(0))
+    step = _send(slot, 0)
+    refusal = slot.abandon(FailureReason.ENGINE_UNAVAILABLE, 'engine dead', 5 * MS)
+    assert refusal is not None and refusal.step_seq == step.step_seq
+    assert not slot.finish(_result(step), 6 * MS)  # arrives after the engine was lost
+    assert slot.num_chunks == 0
+    assert slot.refused_by_reason == {'engine_unavailable': 1}
+
+
+def test_engine_failures_end_the_step_and_are_counted():
+    slot = _slot(trigger='on_image')
+    slot.offer_image(_obs(0))
+    step = _send(slot, 0)
+    other = StepFailure('r1', step.step_seq + 5, 0, FailureReason.KV_POOL_FULL, 'x')
+    assert slot.fail(other, 1) is None and slot.in_flight is not None
+    failure = StepFailure('r1', step.step_seq, 0, FailureReason.DEADLINE_MISSED, 'too late')
+    refusal = slot.fail(failure, 2)
+    assert refusal is not None and refusal.reason is FailureReason.DEADLINE_MISSED
+    assert slot.in_flight is None and slot.num_deadline_misses == 1
+    assert slot.last_error == 'deadline_missed: too late'
+
+
+def test_view_reports_rate_latency_and_silence_over_the_window():
+    slot = _slot(trigger='on_image', period_s=0.1)
+    now = 0
+    for _ in range(10):
+        slot.offer_image(_obs(now))
+        step = _send(slot, now)
+        now += 100 * MS
+        slot.finish(_result(step, late=now > 500 * MS), now)
+    view = slot.view(now)
+    assert view.num_chunks == 10
+    assert view.action_rate_hz == pytest.approx(10.0)
+    assert view.target_rate_hz == pytest.approx(10.0)
+    assert view.latency_ms_p50 == pytest.approx(100.0)
+    assert view.num_deadline_misses == 5
+    assert view.num_cached_prefix_tokens == 12
+    assert view.rate_judged and view.seen_image
+    later = slot.view(now + 3 * S)
+    assert later.action_rate_hz == 0.0
+    assert later.silent_s == pytest.approx(3.1)
+
+
+def test_silence_counts_from_start_up_when_no_image_ever_came():
+    view = _slot().view(4 * S)
+    assert not view.seen_image and view.silent_s == pytest.approx(4.0)
+    assert math.isnan(view.latency_ms_p99) and not view.rate_judged
