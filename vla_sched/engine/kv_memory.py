@@ -191,7 +191,8 @@ class KVMemory:
         With ``insert`` the committed KV (page-aligned, up to ``max_cache_len``) enters
         the tree; everything else the request owns is freed; its lock and row are
         released and its memory state reset. Its session step ends (``now`` updates the
-        session's idle clock).
+        session's idle clock). Insert only KV the model has written: a request aborted
+        before its last allocated chunk ran must be released with ``insert=False``.
         """
         self._release(req, insert=insert)
         self.sessions.end_step(req, now=now)
