@@ -73,6 +73,7 @@ class EngineClient:
         self._stop_thread: threading.Event | None = None
         self._runtime_dir: Path | None = None
         self._generation = 0
+        self._thread_error = ''
 
     # --- life cycle ---------------------------------------------------------------------
 
@@ -82,6 +83,7 @@ class EngineClient:
             raise RuntimeError('engine already started; use restart()')
         self._generation += 1
         self._heartbeat.reset()
+        self._thread_error = ''
         self.info = None
         if self.launch.mode == 'process':
             self._start_process()
@@ -118,7 +120,11 @@ class EngineClient:
         )
 
         def run() -> None:
-            core = build_core(config)
+            try:
+                core = build_core(config)
+            except Exception as exc:  # reported through ``failure``, like a dead process
+                self._thread_error = f'{type(exc).__name__}: {exc}'
+                return
             try:
                 serve(
                     engine_end,
@@ -182,6 +188,15 @@ class EngineClient:
         if self._thread is not None and not self._thread.is_alive():
             return False
         return self._heartbeat.alive(time.monotonic())
+
+    @property
+    def failure(self) -> str:
+        """Why the engine stopped on its own ('' while it runs or before it starts)."""
+        if self._process is not None and self._process.poll() is not None:
+            return f'engine process exited with status {self._process.returncode}'
+        if self._thread is not None and not self._thread.is_alive():
+            return self._thread_error or 'engine thread ended'
+        return ''
 
     @property
     def heartbeat_age_s(self) -> float:

@@ -1,0 +1,202 @@
+"""One step at a time through transformers' ``generate``: how single-robot VLA servers run.
+
+This is the comparison point for the scheduled core: no batching, no KV reuse across steps,
+the whole prompt prefilled on every step. It shares the input checks, the newest-wins rule
+and the statistics with the scheduled core, so the two differ only in how steps execute.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections import OrderedDict
+
+import numpy as np
+import torch
+
+from vla_sched.ipc.checkpoints import resolve_checkpoint
+from vla_sched.ipc.core_stats import CoreStats
+from vla_sched.ipc.engine_config import EngineConfig
+from vla_sched.ipc.messages import (
+    EngineInfo,
+    EngineStats,
+    FailureReason,
+    StepFailure,
+    StepRequest,
+    StepResult,
+)
+from vla_sched.ipc.step_checks import check_step_request
+
+
+def pick_device_and_dtype(config: EngineConfig) -> tuple[torch.device, torch.dtype]:
+    """'auto' means CUDA in bfloat16 when available, else the CPU in float32."""
+    if config.device == 'auto':
+        device = torch.device('cuda' if torch.cuda.is_available() else 'cpu')
+    else:
+        device = torch.device(config.device)
+    if config.dtype == 'auto':
+        return device, torch.bfloat16 if device.type == 'cuda' else torch.float32
+    return device, getattr(torch, config.dtype)
+
+
+class _Timing:
+    """A logits processor that masks non-action tokens and stamps each decode step."""
+
+    def __init__(self, start: int, end: int) -> None:
+        self.start, self.end = start, end
+        self.stamps: list[float] = []
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        self.stamps.append(time.perf_counter())
+        masked = torch.full_like(scores, float('-inf'))
+        masked[:, self.start : self.end] = scores[:, self.start : self.end]
+        return masked
+
+
+class SequentialCore:
+    """Serves steps one by one with ``LlavaForConditionalGeneration.generate``."""
+
+    def __init__(self, config: EngineConfig, *, folder, random_weights: bool) -> None:
+        import transformers
+
+        from vla_sched.model.model_spec import read_model_spec
+        from vla_sched.model.prompt import VLAPromptBuilder
+
+        self.config = config
+        self.device, self.dtype = pick_device_and_dtype(config)
+        self.spec = read_model_spec(folder)
+        self.prompts = VLAPromptBuilder.from_checkpoint(folder)
+        self.model = transformers.LlavaForConditionalGeneration.from_pretrained(
+            folder, dtype=self.dtype
+        ).to(self.device)
+        self.model.eval()
+        self.decoder = self.spec.action_decoder()
+        num_state = 0
+        if self.spec.prompt.state_tokens:
+            num_state = next(iter(self.spec.proprio_statistics.values())).action_dim
+        self._info = EngineInfo(
+            model_name=str(folder.name),
+            num_state=num_state,
+            action_horizon=self.spec.action_horizon,
+            action_dim=self.spec.action_dim,
+            image_size=self.spec.preprocessing.image_size if self.spec.preprocessing else 0,
+            max_instruction_tokens=config.max_instruction_bytes,
+            random_weights=random_weights,
+        )
+        self._waiting: OrderedDict[str, StepRequest] = OrderedDict()
+        self.stats_counters = CoreStats()
+
+    @classmethod
+    def from_config(cls, config: EngineConfig) -> SequentialCore:
+        folder, random_weights = resolve_checkpoint(config.model_path)
+        return cls(config, folder=folder, random_weights=random_weights)
+
+    @property
+    def info(self) -> EngineInfo:
+        return self._info
+
+    def submit(self, request: StepRequest, now_ns: int) -> list[StepFailure]:
+        failure = check_step_request(
+            request,
+            num_state=self._info.num_state,
+            max_instruction_bytes=self.config.max_instruction_bytes,
+        )
+        if failure is not None:
+            self.stats_counters.record_failure(request.robot_id, failure.reason)
+            return [failure]
+        out = []
+        older = self._waiting.pop(request.robot_id, None)
+        if older is not None:
+            out.append(
+                StepFailure(
+                    older.robot_id, older.step_seq, older.stamp_ns, FailureReason.SUPERSEDED,
+                    f'superseded by step {request.step_seq}',
+                )
+            )  # fmt: skip
+            self.stats_counters.record_failure(older.robot_id, FailureReason.SUPERSEDED)
+        self._waiting[request.robot_id] = request
+        return out
+
+    def close_session(self, robot_id: str) -> None:
+        self._waiting.pop(robot_id, None)
+
+    def has_work(self) -> bool:
+        return bool(self._waiting)
+
+    def step(self, now_ns: int) -> list[StepResult | StepFailure]:
+        _, request = self._waiting.popitem(last=False)
+        late = now_ns > request.deadline_ns
+        if late and self.config.late_policy == 'drop':
+            self.stats_counters.record_failure(request.robot_id, FailureReason.DEADLINE_MISSED)
+            return [
+                StepFailure(
+                    request.robot_id, request.step_seq, request.stamp_ns,
+                    FailureReason.DEADLINE_MISSED,
+                    f'waited {(now_ns - request.received_ns) / 1e6:.1f} ms, past its deadline',
+                )
+            ]  # fmt: skip
+        return [self._generate(request, queue_ms=(now_ns - request.received_ns) / 1e6)]
+
+    @torch.inference_mode()
+    def _generate(self, request: StepRequest, *, queue_ms: float) -> StepResult:
+        from vla_sched.model.vision import preprocess_image
+
+        state = request.state if self._info.num_state else None
+        layout = self.prompts.build(request.instruction, state=state)
+        input_ids = torch.tensor([layout.token_ids], device=self.device)
+        pixels = preprocess_image(request.image, self.spec.preprocessing, device=self.device)
+        timing = _Timing(*self.spec.action_token_range)
+        start = time.perf_counter()
+        out = self.model.generate(
+            input_ids=input_ids,
+            attention_mask=torch.ones_like(input_ids),
+            pixel_values=pixels[None].to(self.dtype),
+            max_new_tokens=self.spec.num_action_tokens,
+            min_new_tokens=self.spec.num_action_tokens,
+            do_sample=False,
+            logits_processor=[timing],
+            pad_token_id=0,
+        )
+        tokens = out[0, input_ids.shape[1] :].tolist()
+        actions = self.decoder.decode(tokens).astype(np.float32)
+        end = time.perf_counter()
+        stamps = [start, *timing.stamps, end]
+        prefill_ms = (stamps[1] - start) * 1e3
+        decode_ms = (end - stamps[1]) * 1e3
+        done_ns = time.time_ns()
+        late = done_ns > request.deadline_ns
+        self.stats_counters.record_done(
+            request.robot_id,
+            step_ms=(done_ns - request.received_ns) / 1e6,
+            ttft_ms=queue_ms + prefill_ms,
+            itl_ms=[(b - a) * 1e3 for a, b in itertools.pairwise(stamps[1:-1])],
+            num_cached_prefix_tokens=0,
+            late=late,
+        )
+        return StepResult(
+            robot_id=request.robot_id,
+            step_seq=request.step_seq,
+            stamp_ns=request.stamp_ns,
+            actions=actions,
+            queue_ms=queue_ms,
+            prefill_ms=prefill_ms,
+            decode_ms=decode_ms,
+            late=late,
+            num_cached_prefix_tokens=0,
+        )
+
+    def stats(self, now_ns: int) -> EngineStats:
+        return self.stats_counters.snapshot(
+            now_ns,
+            num_waiting=len(self._waiting),
+            num_running=0,
+            chunked_rid='',
+            num_retracts_total=0,
+            num_retracts_window=0,
+            num_delayed_prefills=0,
+            kv_use_percent=0.0,
+            cache_hit_rate=0.0,
+        )
+
+    def close(self) -> None:
+        self._waiting.clear()

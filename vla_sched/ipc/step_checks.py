@@ -1,0 +1,61 @@
+"""Checks every step request before it reaches a model: bad input becomes a StepFailure."""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+
+from vla_sched.ipc.messages import FailureReason, StepFailure, StepRequest
+
+MAX_IMAGE_SIDE = 4096
+
+
+def image_content_hash(image: np.ndarray) -> int:
+    """A 63-bit hash of an image's shape and pixels (equal frames, equal hashes)."""
+    digest = hashlib.blake2b(digest_size=8)
+    digest.update(repr((image.dtype.str, image.shape)).encode())
+    digest.update(np.ascontiguousarray(image).data)
+    return int.from_bytes(digest.digest(), 'little') >> 1
+
+
+def check_step_request(
+    request: StepRequest, *, num_state: int, max_instruction_bytes: int
+) -> StepFailure | None:
+    """The reason ``request`` cannot be served, or None if it is well-formed."""
+
+    def fail(reason: FailureReason, detail: str) -> StepFailure:
+        return StepFailure(request.robot_id, request.step_seq, request.stamp_ns, reason, detail)
+
+    image = request.image
+    if image.dtype != np.uint8 or image.ndim != 3 or image.shape[2] != 3:
+        return fail(
+            FailureReason.MALFORMED_IMAGE,
+            f'image must be uint8 [H, W, 3], got {image.dtype} {list(image.shape)}',
+        )
+    if not (1 <= image.shape[0] <= MAX_IMAGE_SIDE and 1 <= image.shape[1] <= MAX_IMAGE_SIDE):
+        return fail(
+            FailureReason.MALFORMED_IMAGE,
+            f'image side out of range 1..{MAX_IMAGE_SIDE}: {list(image.shape[:2])}',
+        )
+    state = request.state
+    if state.ndim != 1 or (num_state and state.shape[0] != num_state):
+        return fail(
+            FailureReason.INVALID_STATE,
+            f'state must have {num_state} values, got shape {list(state.shape)}',
+        )
+    if not np.isfinite(state).all():
+        bad = [int(i) for i in np.flatnonzero(~np.isfinite(state))]
+        return fail(FailureReason.INVALID_STATE, f'state has NaN or inf at {bad}')
+    text = request.instruction
+    if not text.strip():
+        return fail(FailureReason.INVALID_INSTRUCTION, 'instruction is empty')
+    num_bytes = len(text.encode('utf-8'))
+    if num_bytes > max_instruction_bytes:
+        return fail(
+            FailureReason.INVALID_INSTRUCTION,
+            f'instruction is {num_bytes} bytes, limit {max_instruction_bytes}',
+        )
+    if request.deadline_ns < request.stamp_ns:
+        return fail(FailureReason.DEADLINE_MISSED, 'deadline is before the observation stamp')
+    return None
