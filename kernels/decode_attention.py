@@ -25,7 +25,7 @@ import torch
 
 from vla_sched.kernels import _validate as checks
 
-# A split never holds fewer tokens than this, so short requests are not split.
+# A request gets at most one KV split per this many tokens, so short ones are not split.
 MIN_TOKENS_PER_SPLIT = 256
 # Stage-1 programs wanted per streaming multiprocessor before splitting stops.
 PROGRAMS_PER_SM = 8

@@ -122,6 +122,18 @@ def test_decode_kernel_with_gpu_tile_sizes_matches_reference():
     assert max_rel_error(buffers['out'], expected) <= TOLERANCE
 
 
+def test_decode_kernel_takes_int64_slot_tables_and_int32_lengths():
+    case = DecodeCase(4, 2, 64, 64, 16, (21, 6), (2, 1), 2)
+    inputs = _make_inputs(case, seed=41)
+    expected = decode_attention_ref(**inputs)
+    inputs['req_to_token'] = inputs['req_to_token'].long()
+    inputs['req_pool_indices'] = inputs['req_pool_indices'].int()
+    inputs['seq_lens'] = inputs['seq_lens'].int()
+    buffers = _poisoned_buffers(case)
+    decode_attention(**inputs, **buffers, debug=True)
+    assert max_rel_error(buffers['out'], expected) <= TOLERANCE
+
+
 def test_decode_kernel_result_does_not_depend_on_the_split_count():
     base = DecodeCase(4, 2, 64, 64, 16, (61, 40), (1, 1), 8)
     inputs = _make_inputs(base, seed=99)

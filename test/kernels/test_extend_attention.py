@@ -128,6 +128,19 @@ def test_extend_kernel_with_gpu_block_sizes_matches_reference():
     assert max_rel_error(out, extend_attention_ref(**inputs)) <= TOLERANCE
 
 
+def test_extend_kernel_takes_int64_slot_tables_and_int32_lengths():
+    case = ExtendCase(2, 1, 64, 64, 16, (9, 0), (5, 12), ((10, 13), (2, 8)))
+    inputs = _make_inputs(case, seed=13)
+    expected = extend_attention_ref(**inputs)
+    inputs['req_to_token'] = inputs['req_to_token'].long()
+    for name in ('req_pool_indices', 'prefix_lens', 'extend_lens', 'extend_start_loc'):
+        inputs[name] = inputs[name].int()
+    inputs['image_spans'] = inputs['image_spans'].int()
+    out = _poisoned_out(inputs)
+    extend_attention(**inputs, max_extend_len=12, out=out, debug=True)
+    assert max_rel_error(out, expected) <= TOLERANCE
+
+
 def test_run_extend_attention_triton_backend_matches_reference():
     case = ExtendCase(4, 2, 80, 80, 16, (3, 12), (9, 14), ((5, 9), (0, 0)))
     inputs = _make_inputs(case, seed=8)
