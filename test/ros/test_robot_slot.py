@@ -220,3 +220,25 @@ def test_silence_counts_from_start_up_when_no_image_ever_came():
     view = _slot().view(4 * S)
     assert not view.seen_image and view.silent_s == pytest.approx(4.0)
     assert math.isnan(view.latency_ms_p99) and not view.rate_judged
+
+
+def test_a_result_after_the_deadline_is_late_and_counted():
+    slot = _slot(trigger='on_image')
+    slot.offer_image(_obs(0))
+    step = _send(slot, 0)
+    assert slot.owns(step.step_seq) and not slot.owns(step.step_seq + 1)
+    assert not slot.is_late(_result(step), BUDGET)
+    assert slot.is_late(_result(step), BUDGET + 1)
+    assert slot.is_late(_result(step, late=True), 1)  # the engine's word counts too
+    assert slot.finish(_result(step), BUDGET + 1, late=True)
+    assert slot.num_deadline_misses == 1 and slot.num_chunks == 1
+
+
+def test_dropping_a_late_result_counts_a_deadline_miss_not_a_chunk():
+    slot = _slot(trigger='on_image')
+    slot.offer_image(_obs(0))
+    step = _send(slot, 0)
+    refusal = slot.abandon(FailureReason.DEADLINE_MISSED, 'done 3.0 ms late', BUDGET + 3 * MS)
+    assert refusal is not None and refusal.step_seq == step.step_seq
+    assert slot.num_deadline_misses == 1 and slot.num_chunks == 0
+    assert not slot.finish(_result(step), BUDGET + 4 * MS)

@@ -17,7 +17,9 @@ TRIGGERS = ('periodic', 'on_image')
 ACTION_SPACES = ('joint_position', 'joint_delta', 'ee_delta')
 IMAGE_TRANSPORTS = ('raw', 'compressed')
 ENGINE_MODES = ('process', 'inprocess')
+LATE_POLICIES = ('drop', 'deliver_late')
 EE_DELTA_NAMES = ('x', 'y', 'z', 'roll', 'pitch', 'yaw', 'gripper')
+NODE_SET_ENGINE_KEYS = ('robots', 'stats_period_s', 'max_instruction_bytes', 'late_policy')
 _ROBOT_ID = re.compile(r'[A-Za-z][A-Za-z0-9_]*')
 _NAMESPACE = re.compile(r'/?[A-Za-z][A-Za-z0-9_]*(/[A-Za-z][A-Za-z0-9_]*)*')
 
@@ -149,7 +151,7 @@ class EngineLinkConfig:
     """How the node runs and watches the engine.
 
     ``engine`` holds the engine's own settings (see ``vla_sched.ipc.engine_config``) minus
-    ``robots``, ``stats_period_s`` and ``max_instruction_bytes``, which the node fills in.
+    those the node fills in (``NODE_SET_ENGINE_KEYS``).
     """
 
     mode: str = 'process'
@@ -172,19 +174,24 @@ class EngineLinkConfig:
             _positive('engine', name, getattr(self, name))
         if self.heartbeat_period_s >= self.heartbeat_timeout_s:
             raise ConfigError('engine.heartbeat_period_s must be below heartbeat_timeout_s')
-        reserved = {'robots', 'stats_period_s', 'max_instruction_bytes'} & set(self.engine)
+        reserved = set(NODE_SET_ENGINE_KEYS) & set(self.engine)
         if reserved:
             raise ConfigError(f'engine settings {sorted(reserved)} are set by the node')
 
 
 @dataclass(frozen=True, slots=True)
 class FrontendConfig:
-    """Everything the node needs, validated as a whole."""
+    """Everything the node needs, validated as a whole.
+
+    ``late_policy`` 'drop' answers a step that ends after its deadline with StepRejected
+    (DEADLINE_MISSED); 'deliver_late' publishes its chunk with ``late`` set.
+    """
 
     robots: tuple[RobotConfig, ...]
     link: EngineLinkConfig = field(default_factory=EngineLinkConfig)
     diagnostics: DiagnosticsConfig = field(default_factory=DiagnosticsConfig)
     step_budget_s: float = 0.5
+    late_policy: str = 'drop'
     max_instruction_bytes: int = 1024
     max_image_pixels: int = 4096 * 4096
 
@@ -198,6 +205,7 @@ class FrontendConfig:
         if len(set(spaces)) != len(spaces):
             raise ConfigError(f'two robots share a namespace: {spaces}')
         _positive('deadlines', 'step_budget_s', self.step_budget_s)
+        _choice('deadlines', 'late_policy', self.late_policy, LATE_POLICIES)
         for name in ('max_instruction_bytes', 'max_image_pixels'):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -215,4 +223,5 @@ class FrontendConfig:
         out['robots'] = {r.robot_id: {'priority': r.priority} for r in self.robots}
         out['stats_period_s'] = self.diagnostics.period_s
         out['max_instruction_bytes'] = self.max_instruction_bytes
+        out['late_policy'] = self.late_policy
         return out

@@ -227,30 +227,41 @@ class VlaSchedNode(Node):
 
     def _on_result(self, result: StepResult) -> None:
         slot = self.slots.get(result.robot_id)
-        flight = slot.in_flight if slot is not None else None
-        if flight is None or flight.step_seq != result.step_seq:
+        if slot is None or not slot.owns(result.step_seq):
             return  # not the step in flight: stale, never published
         now = self._now_ns()
-        info = self.link.info
+        late = slot.is_late(result, now)
+        if late and self.config.late_policy == 'drop':
+            late_ms = max(0.0, (now - slot.in_flight.deadline_ns) / 1e6)
+            self._abandon(slot, FailureReason.DEADLINE_MISSED, f'done {late_ms:.1f} ms late', now)
+            return
         try:
-            names = slot.config.action_names(info.action_dim if info else result.actions.shape[-1])
-            chunk = outputs.action_chunk(
-                result,
-                slot.config,
-                deadline_ns=flight.deadline_ns,
-                published_ns=now,
-                joint_names=names,
-            )
+            chunk = self._chunk(slot, result, now, late=late)
         except (ConfigError, ValueError) as exc:
-            refusal = slot.abandon(FailureReason.INTERNAL_ERROR, str(exc), now)
-            if refusal is not None:
-                self._publish_refusal(refusal)
+            self._abandon(slot, FailureReason.INTERNAL_ERROR, str(exc), now)
             return
         topics = self.topics[slot.robot_id]
         topics.chunks.publish(chunk)
         if topics.trajectory is not None:
             topics.trajectory.publish(outputs.joint_trajectory(chunk))
-        slot.finish(result, now)
+        slot.finish(result, now, late=late)
+
+    def _chunk(self, slot: RobotSlot, result: StepResult, now: int, *, late: bool):
+        info = self.link.info
+        action_dim = info.action_dim if info is not None else int(result.actions.shape[-1])
+        return outputs.action_chunk(
+            result,
+            slot.config,
+            deadline_ns=slot.in_flight.deadline_ns,
+            published_ns=now,
+            joint_names=slot.config.action_names(action_dim),
+            late=late,
+        )
+
+    def _abandon(self, slot: RobotSlot, reason: FailureReason, detail: str, now: int) -> None:
+        refusal = slot.abandon(reason, detail, now)
+        if refusal is not None:
+            self._publish_refusal(refusal)
 
     def _on_failure(self, failure: StepFailure) -> None:
         slot = self.slots.get(failure.robot_id)
@@ -286,9 +297,7 @@ class VlaSchedNode(Node):
             f'engine dead ({why}); restarting in {self.config.link.restart_delay_s:.1f} s'
         )
         for slot in self.slots.values():
-            refusal = slot.abandon(FailureReason.ENGINE_UNAVAILABLE, f'engine dead: {why}', now)
-            if refusal is not None:
-                self._publish_refusal(refusal)
+            self._abandon(slot, FailureReason.ENGINE_UNAVAILABLE, f'engine dead: {why}', now)
         self.publish_diagnostics()
 
     # --- helpers ------------------------------------------------------------------------------

@@ -41,6 +41,7 @@ def action_chunk(
     deadline_ns: int,
     published_ns: int,
     joint_names: tuple[str, ...],
+    late: bool,
 ) -> ActionChunk:
     """The ActionChunk of one finished step.
 
@@ -73,7 +74,7 @@ def action_chunk(
     msg.prefill_ms = float(result.prefill_ms)
     msg.decode_ms = float(result.decode_ms)
     msg.total_ms = max(0.0, (published_ns - result.stamp_ns) / 1e6)
-    msg.late = bool(result.late)
+    msg.late = bool(late)
     return msg
 
 

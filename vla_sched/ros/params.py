@@ -19,6 +19,7 @@ from vla_sched.ros.config import (
     ACTION_SPACES,
     ENGINE_MODES,
     IMAGE_TRANSPORTS,
+    LATE_POLICIES,
     TRIGGERS,
     ConfigError,
     DiagnosticsConfig,
@@ -128,7 +129,7 @@ def node_specs() -> list[ParamSpec]:
         ParamSpec('deadlines.step_budget_s', 0.5, 'deadline = image stamp + this (s)',
                   min_value=0.001, max_value=60.0),
         ParamSpec('deadlines.late_policy', 'drop', 'drop late steps or deliver them marked late',
-                  choices=('drop', 'deliver_late')),
+                  choices=LATE_POLICIES),
         ParamSpec('limits.max_instruction_bytes', 1024, 'longest accepted instruction (UTF-8)',
                   min_value=1, max_value=1 << 20),
         ParamSpec('limits.max_image_pixels', 4096 * 4096, 'largest accepted image',
@@ -210,7 +211,6 @@ def config_from_values(values: dict[str, Any]) -> FrontendConfig:
         'device': values['engine.device'],
         'dtype': values['engine.dtype'],
         'core': values['engine.core'],
-        'late_policy': values['deadlines.late_policy'],
     }
     for key in (
         'policy',
@@ -245,6 +245,7 @@ def config_from_values(values: dict[str, Any]) -> FrontendConfig:
         link=link,
         diagnostics=diagnostics,
         step_budget_s=values['deadlines.step_budget_s'],
+        late_policy=values['deadlines.late_policy'],
         max_instruction_bytes=values['limits.max_instruction_bytes'],
         max_image_pixels=values['limits.max_image_pixels'],
     )

@@ -228,14 +228,23 @@ class RobotSlot:
 
     # --- outcomes ---------------------------------------------------------------------------
 
-    def finish(self, result: StepResult, now_ns: int) -> bool:
+    def owns(self, step_seq: int) -> bool:
+        """Whether ``step_seq`` is the step in flight (anything else is stale)."""
+        return self.in_flight is not None and self.in_flight.step_seq == step_seq
+
+    def is_late(self, result: StepResult, now_ns: int) -> bool:
+        """The engine says so, or the deadline of the step in flight has passed."""
+        assert self.in_flight is not None
+        return bool(result.late) or now_ns > self.in_flight.deadline_ns
+
+    def finish(self, result: StepResult, now_ns: int, *, late: bool = False) -> bool:
         """Accept the result of the step in flight; False (ignored) for any other step."""
-        if self.in_flight is None or result.step_seq != self.in_flight.step_seq:
+        if not self.owns(result.step_seq):
             return False
         self.in_flight = None
         self.num_chunks += 1
         self.num_cached_prefix_tokens = int(result.num_cached_prefix_tokens)
-        if result.late:
+        if late or result.late:
             self.num_deadline_misses += 1
         self.latencies.add((now_ns - result.stamp_ns) / 1e6)
         self._chunk_times.add(now_ns)
@@ -258,11 +267,14 @@ class RobotSlot:
         )
 
     def abandon(self, reason: FailureReason, detail: str, now_ns: int) -> Refusal | None:
-        """End the step in flight (engine lost); its result will be ignored if it comes."""
+        """End the step in flight (engine lost, late, unpublishable); a result that still
+        comes for it is ignored."""
         flight = self.in_flight
         if flight is None:
             return None
         self.in_flight = None
+        if reason is FailureReason.DEADLINE_MISSED:
+            self.num_deadline_misses += 1
         return self.refuse(
             Refusal(self.robot_id, flight.step_seq, flight.stamp_ns, reason, detail), now_ns
         )
