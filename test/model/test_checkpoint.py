@@ -138,3 +138,18 @@ def test_legacy_llava_tensor_names_load(tmp_path, tiny_model):
     save_file(renamed, folder / 'model.safetensors')
     legacy = load_checkpoint(folder).state_dict()
     assert all(torch.equal(legacy[k], v) for k, v in tiny_model.state_dict().items())
+
+
+def test_several_datasets_need_an_unnorm_key_before_actions_decode(tmp_path):
+    folder = build_tiny_checkpoint(tmp_path)
+    stats = json.loads((folder / 'dataset_statistics.json').read_text())
+    stats['other_robot'] = {'action': {'q01': [0.0] * 6, 'q99': [1.0] * 6}}
+    (folder / 'dataset_statistics.json').write_text(json.dumps(stats))
+    vla = json.loads((folder / 'vla_config.json').read_text())
+    vla.pop('unnorm_key')
+    (folder / 'vla_config.json').write_text(json.dumps(vla))
+    spec = read_model_spec(folder)
+    with pytest.raises(ActionStatisticsError, match='pass an unnorm_key'):
+        spec.action_decoder()
+    assert spec.with_unnorm_key('other_robot').action_dim == 6
+    assert spec.action_decoder('tiny_sim').action_dim == 7

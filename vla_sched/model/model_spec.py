@@ -13,6 +13,7 @@ count, the action token range, the horizon and the dof cheaply.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -115,7 +116,17 @@ class ModelSpec:
             0 <= self.image_token_id < self.decoder.vocab_size
         ):
             raise CheckpointError(f'image token id {self.image_token_id} is outside the vocab')
-        select_statistics(self.action_statistics, self.unnorm_key)
+        if self.unnorm_key is not None:
+            select_statistics(self.action_statistics, self.unnorm_key)
+
+    def with_unnorm_key(self, unnorm_key: str) -> ModelSpec:
+        """The same spec un-normalizing with another dataset's statistics.
+
+        Checkpoints with several datasets' statistics (OpenVLA's base model) need one
+        chosen before ``action_dim`` and ``action_decoder()`` can answer.
+        """
+        select_statistics(self.action_statistics, unnorm_key)
+        return dataclasses.replace(self, unnorm_key=unnorm_key)
 
     @property
     def num_image_tokens(self) -> int:
