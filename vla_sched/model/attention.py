@@ -14,6 +14,7 @@ import torch
 from vla_sched.kernels.decode_attention import decode_attention, run_decode_attention
 from vla_sched.kernels.extend_attention import run_extend_attention
 from vla_sched.kernels.store_kv import run_store_kv
+from vla_sched.model.transfer import to_device
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,7 +104,7 @@ class AttentionMetadata:
         max_extend_len = int(extend_lens.max()) if extend_lens.numel() else 0
 
         def put(t: torch.Tensor) -> torch.Tensor:
-            return t.to(device, non_blocking=True)
+            return to_device(t, device)
 
         return cls(
             is_decode=is_decode,

@@ -30,6 +30,7 @@ from vla_sched.model.step_inputs import (
     image_spans,
     logit_rows,
 )
+from vla_sched.model.transfer import to_device
 from vla_sched.model.vision import FeatureCache, preprocess_image
 from vla_sched.model.vla_model import VLAModel
 
@@ -165,7 +166,7 @@ class ModelRunner:
             tokens = sample_next_tokens(logits, params, positions)
             sampled = [i for i in range(batch.batch_size) if batch.sample[i]]
             if sampled:
-                pool_rows = batch.req_pool_indices[sampled].to(self.device, non_blocking=True)
+                pool_rows = to_device(batch.req_pool_indices[sampled], self.device)
                 self._last_tokens[pool_rows] = tokens
             return self._handle(tokens, batch.sample)
 
@@ -196,8 +197,8 @@ class ModelRunner:
         images = image_rows(batch, image_token_id=self.model.spec.image_token_id)
         pool_rows = batch.req_pool_indices
         snapshot = self.req_to_token.index_select(0, pool_rows).to(torch.int32)
-        pool_rows_dev = pool_rows.to(self.device, non_blocking=True)
-        self._req_to_token_dev[pool_rows_dev] = snapshot.to(self.device, non_blocking=True)
+        pool_rows_dev = to_device(pool_rows, self.device)
+        self._req_to_token_dev[pool_rows_dev] = to_device(snapshot, self.device)
         input_ids = self._resolve_input_ids(batch, pool_rows_dev)
         graphs = self.decode_graphs
         use_graphs = (
@@ -210,25 +211,27 @@ class ModelRunner:
             logits = graphs.run(
                 input_ids=input_ids,
                 req_pool_indices=pool_rows_dev,
-                seq_lens=batch.seq_lens.to(self.device, non_blocking=True),
-                out_cache_loc=batch.out_cache_loc.to(self.device, non_blocking=True),
+                seq_lens=to_device(batch.seq_lens, self.device),
+                out_cache_loc=to_device(batch.out_cache_loc, self.device),
             )
             sample_rows = torch.tensor(
                 [i for i in range(batch.batch_size) if batch.sample[i]], dtype=torch.int64
             )
-            return logits[sample_rows.to(self.device)]
+            return logits[to_device(sample_rows, self.device)]
         meta = self._metadata(batch)
         embeds = self._embed(input_ids, images)
         hidden = self.model.decoder(embeds, meta, self.kv_caches)
         if rows is not None:
-            hidden = hidden[rows.to(self.device)]
+            hidden = hidden[to_device(rows, self.device)]
         return self.model.decoder.logits(hidden)
 
     def _resolve_input_ids(self, batch: ForwardBatch, pool_rows_dev: torch.Tensor) -> torch.Tensor:
-        ids = batch.input_ids.to(self.device, non_blocking=True)
+        ids = to_device(batch.input_ids, self.device)
         if not bool((batch.input_ids == FUTURE_TOKEN).any()):
             return ids
-        token_rows = torch.repeat_interleave(pool_rows_dev, batch.extend_lens.to(self.device))
+        token_rows = torch.repeat_interleave(
+            pool_rows_dev, to_device(batch.extend_lens, self.device), output_size=batch.num_tokens
+        )
         return torch.where(ids == FUTURE_TOKEN, self._last_tokens[token_rows], ids)
 
     def _metadata(self, batch: ForwardBatch) -> AttentionMetadata:

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 import torch
 
 from vla_sched.engine.forward_batch import SamplingParams
+from vla_sched.model.transfer import to_device
 
 _SEED_STRIDE = 1_000_003  # mixes (seed, position) into one generator seed
 
@@ -21,8 +22,8 @@ def allowed_token_mask(
     params: Sequence[SamplingParams], vocab_size: int, device: torch.device
 ) -> torch.Tensor:
     """``[N, vocab_size]`` bool: which tokens each row may produce."""
-    starts = torch.tensor([p.allowed_token_start for p in params], device=device)
-    ends = torch.tensor([p.allowed_token_end for p in params], device=device)
+    starts = to_device(torch.tensor([p.allowed_token_start for p in params]), device)
+    ends = to_device(torch.tensor([p.allowed_token_end for p in params]), device)
     token = torch.arange(vocab_size, device=device)
     return (token[None, :] >= starts[:, None]) & (token[None, :] < ends[:, None])
 

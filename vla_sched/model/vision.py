@@ -18,6 +18,7 @@ from torch.nn import functional as F
 
 from vla_sched.model.model_spec import ImagePreprocessing
 from vla_sched.model.spec import VisionSpec
+from vla_sched.model.transfer import to_device
 
 
 def _activation(name: str) -> nn.Module:
@@ -106,7 +107,7 @@ def preprocess_image(
         raise ValueError(f'image must be a uint8 numpy array, got {type(pixels).__name__}')
     if pixels.ndim != 3 or pixels.shape[2] != 3 or min(pixels.shape[:2]) < 1:
         raise ValueError(f'image must have shape [H, W, 3], got {pixels.shape}')
-    image = torch.from_numpy(np.ascontiguousarray(pixels)).to(device)
+    image = to_device(torch.from_numpy(np.ascontiguousarray(pixels)), torch.device(device))
     image = image.permute(2, 0, 1).to(torch.float32)[None]
     size = prep.image_size
     if image.shape[-2:] != (size, size):
@@ -114,8 +115,8 @@ def preprocess_image(
             image, size=(size, size), mode='bicubic', align_corners=False, antialias=True
         )
         image = image.round().clamp(0.0, 255.0)
-    mean = torch.tensor(prep.mean, dtype=torch.float32, device=image.device)[:, None, None]
-    std = torch.tensor(prep.std, dtype=torch.float32, device=image.device)[:, None, None]
+    mean = to_device(torch.tensor(prep.mean, dtype=torch.float32), image.device)[:, None, None]
+    std = to_device(torch.tensor(prep.std, dtype=torch.float32), image.device)[:, None, None]
     return ((image[0] / 255.0) - mean) / std
 
 
