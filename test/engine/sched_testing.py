@@ -3,17 +3,30 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+
+import pytest
+import torch
 
 from vla_sched.engine.forward_batch import ImageInput, SamplingParams
 from vla_sched.engine.kv_config import KVMemoryConfig
 from vla_sched.engine.kv_memory import KVMemory
 from vla_sched.engine.request import Req
+from vla_sched.engine.schedule_batch import ScheduleBatch
 from vla_sched.engine.scheduler import Scheduler
 from vla_sched.engine.scheduler_config import SchedulerConfig
 from vla_sched.engine.sim_runner import CostModel, SimClock, SimRunner, reference_tokens
 
 SAMPLING = SamplingParams(allowed_token_start=1000, allowed_token_end=1256)
+
+
+@pytest.fixture(autouse=True, scope='module')
+def single_torch_thread() -> Iterator[None]:
+    """Tiny CPU tensor ops are far slower with an intra-op thread pool on a busy machine."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 def make_scheduler(
@@ -42,6 +55,7 @@ def make_scheduler(
         num_kv_slots=memory.allocator.num_slots,
         cost_model=cost_model,
         clock=clock,
+        keep_batches=True,
     )
     config.setdefault('enable_overlap', False)
     return Scheduler(SchedulerConfig(**config), memory, runner, clock=clock)
@@ -89,5 +103,30 @@ def run_until_idle(
     raise AssertionError(f'scheduler still busy after {max_iters} iterations')
 
 
+def launched(scheduler: Scheduler) -> list[tuple[str, list[tuple[str, int, int]]]]:
+    """Every launched step as ``(mode, [(rid, prefix_len, seq_len), ...])``."""
+    return [
+        (
+            fb.forward_mode.value,
+            list(zip(fb.rids, fb.prefix_lens.tolist(), fb.seq_lens.tolist(), strict=True)),
+        )
+        for fb in scheduler.runner.batches
+    ]
+
+
 def tick(scheduler: Scheduler, ns: int = 1_000_000) -> None:
+    """Advance the scheduler's simulated clock."""
     scheduler.clock.advance(ns)
+
+
+def admit_running(memory: KVMemory, req: Req, num_outputs: int) -> None:
+    """Prefill ``req`` whole and decode until it has ``num_outputs`` outputs (token 1000),
+    leaving it ready for its next decode step, as a running request is."""
+    memory.match_prefix(req.kv)
+    memory.admit(req.kv)
+    req.set_extend_range(req.kv.prefix_len, req.num_fill_tokens)
+    ScheduleBatch([req]).prepare_for_extend(memory)
+    for i in range(num_outputs):
+        if i:
+            ScheduleBatch([req]).prepare_for_decode(memory)
+        req.append_output([1000])

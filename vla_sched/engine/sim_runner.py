@@ -141,6 +141,7 @@ class SimRunner:
         num_kv_slots: KV slots (``KVMemory.allocator.num_slots``).
         cost_model: step durations; None: every step takes no time.
         clock: the simulated clock to queue steps on; None: results are ready at once.
+        keep_batches: keep every launched batch in ``batches`` (tests).
     """
 
     def __init__(
@@ -150,6 +151,7 @@ class SimRunner:
         num_kv_slots: int,
         cost_model: CostModel | None = None,
         clock: SimClock | None = None,
+        keep_batches: bool = False,
     ) -> None:
         self.req_to_token = req_to_token
         self.kv = torch.zeros(num_kv_slots, dtype=torch.int64)
@@ -158,6 +160,8 @@ class SimRunner:
         self._last_tokens = torch.zeros(req_to_token.shape[0], dtype=torch.int64)
         self._device_free_ns = 0
         self.steps: list[StepRecord] = []
+        self.keep_batches = keep_batches
+        self.batches: list[ForwardBatch] = []
 
     def launch(self, batch: ForwardBatch) -> SimResult:
         """Write the batch's KV, sample, and queue its duration on the clock.
@@ -167,6 +171,8 @@ class SimRunner:
                 hold the batch's new slots.
         """
         batch.check()
+        if self.keep_batches:
+            self.batches.append(batch)
         input_ids = self._resolve_input_ids(batch)
         self._check_rows(batch)
         values = self._key_values(batch, input_ids)
