@@ -243,7 +243,7 @@ class VlaSchedNode(Node):
         topics = self.topics[slot.robot_id]
         topics.chunks.publish(chunk)
         if topics.trajectory is not None:
-            topics.trajectory.publish(outputs.joint_trajectory(chunk))
+            topics.trajectory.publish(outputs.joint_trajectory(chunk, dt_s=slot.config.dt))
         slot.finish(result, now, late=late)
 
     def _chunk(self, slot: RobotSlot, result: StepResult, now: int, *, late: bool):

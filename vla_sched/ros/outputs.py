@@ -78,18 +78,21 @@ def action_chunk(
     return msg
 
 
-def joint_trajectory(chunk: ActionChunk) -> JointTrajectory:
-    """The chunk as a JointTrajectory: point k at ``time_from_start = k * dt``."""
+def joint_trajectory(chunk: ActionChunk, *, dt_s: float) -> JointTrajectory:
+    """The chunk as a JointTrajectory: point k at ``time_from_start = k * dt_s``.
+
+    ``dt_s`` is the robot's configured ``dt`` (the chunk holds it only as float32).
+    """
     from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
 
     traj = JointTrajectory()
     traj.header = chunk.header
     traj.joint_names = list(chunk.joint_names)
     rows = np.frombuffer(chunk.actions, dtype=np.float32).reshape(chunk.horizon, chunk.dof)
-    dt_ns = round(float(np.float32(chunk.dt)) * 1e9)
     traj.points = [
         JointTrajectoryPoint(
-            positions=[float(v) for v in row], time_from_start=ns_to_duration(k * dt_ns)
+            positions=[float(v) for v in row],
+            time_from_start=ns_to_duration(round(k * dt_s * 1e9)),
         )
         for k, row in enumerate(rows)
     ]

@@ -1,0 +1,209 @@
+"""Real-process ROS tests: the node as a child process, and a test node in this process.
+
+``NodeProcess`` starts ``python -m vla_sched.ros.node`` with a parameter file. ``Harness``
+is an rclpy node (in its own context) that plays the robots: it publishes their images,
+joint states and instructions, and records every chunk, rejection and /diagnostics array
+the node publishes, with the time it arrived. Tests wait for events with ``spin_until``;
+nothing sleeps for a fixed time.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import rclpy
+import yaml
+from diagnostic_msgs.msg import DiagnosticArray
+from rclpy.executors import SingleThreadedExecutor
+from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
+from rclpy.qos import qos_profile_sensor_data as sensor_qos
+from sensor_msgs.msg import Image, JointState
+from std_msgs.msg import String
+from trajectory_msgs.msg import JointTrajectory
+
+from vla_sched.msg import ActionChunk, StepRejected
+from vla_sched.ros.conversions import ns_to_stamp, rgb_to_image
+from vla_sched.ros.sim_robot import synthetic_frame
+
+LATCHED = QoSProfile(
+    depth=1, reliability=ReliabilityPolicy.RELIABLE, durability=DurabilityPolicy.TRANSIENT_LOCAL
+)
+JOINTS = ('joint_1', 'joint_2', 'joint_3', 'joint_4', 'joint_5', 'joint_6', 'gripper')
+
+
+class NodeProcess:
+    """The vla_sched node in a child process, configured by ``values`` (ros__parameters)."""
+
+    def __init__(self, folder: Path, values: dict[str, Any]) -> None:
+        self.params_path = folder / 'params.yaml'
+        self.params_path.write_text(yaml.safe_dump({'vla_sched': {'ros__parameters': values}}))
+        self.log_path = folder / 'node.log'
+        cmd = [sys.executable, '-m', 'vla_sched.ros.node']
+        cmd += ['--ros-args', '--params-file', str(self.params_path)]
+        with self.log_path.open('w') as log:
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors='replace')
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+
+class Harness:
+    """Plays the robots and records what the node publishes (see the module docstring)."""
+
+    def __init__(self, robot_ids: list[str]) -> None:
+        self.context = rclpy.Context()
+        rclpy.init(args=[], context=self.context)
+        self.node = rclpy.create_node('vla_sched_test_robots', context=self.context)
+        self.executor = SingleThreadedExecutor(context=self.context)
+        self.executor.add_node(self.node)
+        self.robot_ids = robot_ids
+        self.chunks: dict[str, list[tuple[int, ActionChunk]]] = defaultdict(list)
+        self.rejected: dict[str, list[tuple[int, StepRejected]]] = defaultdict(list)
+        self.trajectories: dict[str, list[JointTrajectory]] = defaultdict(list)
+        self.diagnostics: list[tuple[int, DiagnosticArray]] = []
+        self.images, self.joints, self.instructions = {}, {}, {}
+        self._frames: dict[str, int] = defaultdict(int)
+        self._cameras: dict[str, Any] = {}
+        for rid in robot_ids:
+            self._robot(rid)
+        self.node.create_subscription(
+            DiagnosticArray, '/diagnostics', lambda m: self.diagnostics.append((_now(), m)), 50
+        )
+
+    def _robot(self, rid: str) -> None:
+        node = self.node
+        self.images[rid] = node.create_publisher(Image, f'/{rid}/camera/image_raw', sensor_qos)
+        self.joints[rid] = node.create_publisher(JointState, f'/{rid}/joint_states', sensor_qos)
+        self.instructions[rid] = node.create_publisher(String, f'/{rid}/vla/instruction', LATCHED)
+        node.create_subscription(
+            ActionChunk,
+            f'/{rid}/vla/action_chunk',
+            lambda m, r=rid: self.chunks[r].append((_now(), m)),
+            50,
+        )
+        node.create_subscription(
+            StepRejected,
+            f'/{rid}/vla/step_rejected',
+            lambda m, r=rid: self.rejected[r].append((_now(), m)),
+            50,
+        )
+        node.create_subscription(
+            JointTrajectory,
+            f'/{rid}/vla/joint_trajectory',
+            lambda m, r=rid: self.trajectories[r].append(m),
+            50,
+        )
+
+    # --- waiting ---------------------------------------------------------------------------
+
+    def spin_until(self, predicate: Callable[[], bool], timeout_s: float) -> bool:
+        end = time.monotonic() + timeout_s
+        while not predicate():
+            left = end - time.monotonic()
+            if left <= 0:
+                return False
+            self.executor.spin_once(timeout_sec=min(0.05, left))
+        return True
+
+    def wait_matched(self, timeout_s: float = 30.0) -> bool:
+        """Until the node subscribes every robot's topics."""
+
+        def matched() -> bool:
+            pubs = [*self.images.values(), *self.joints.values(), *self.instructions.values()]
+            return all(p.get_subscription_count() > 0 for p in pubs)
+
+        return self.spin_until(matched, timeout_s)
+
+    def status(self, name: str, *, after_ns: int = 0):
+        """The newest status called ``name`` received after ``after_ns``, or None."""
+        for received, array in reversed(self.diagnostics):
+            if received < after_ns:
+                break
+            for status in array.status:
+                if status.name == name:
+                    return status
+        return None
+
+    def wait_status(self, name: str, check: Callable, timeout_s: float, *, after_ns: int = 0):
+        found = []
+
+        def ready() -> bool:
+            status = self.status(name, after_ns=after_ns)
+            if status is not None and check(status):
+                found.append(status)
+                return True
+            return False
+
+        self.spin_until(ready, timeout_s)
+        return found[0] if found else None
+
+    # --- playing the robots -----------------------------------------------------------------
+
+    def publish_image(self, rid: str, msg: Image) -> None:
+        self.images[rid].publish(msg)
+
+    def publish_frame(self, rid: str, *, stamp_ns: int | None = None, size: int = 32) -> int:
+        """A synthetic rgb8 frame stamped ``stamp_ns`` (now by default); returns the stamp."""
+        stamp_ns = _now() if stamp_ns is None else stamp_ns
+        frame = synthetic_frame(self._frames[rid], width=size, height=size)
+        self._frames[rid] += 1
+        self.images[rid].publish(rgb_to_image(frame, stamp=ns_to_stamp(stamp_ns)))
+        return stamp_ns
+
+    def publish_joints(self, rid: str, names=JOINTS, positions=None) -> None:
+        positions = np.linspace(-0.5, 0.5, len(names)) if positions is None else positions
+        msg = JointState(name=list(names), position=[float(p) for p in positions])
+        msg.header.stamp = ns_to_stamp(_now())
+        self.joints[rid].publish(msg)
+
+    def publish_instruction(self, rid: str, text: str) -> None:
+        self.instructions[rid].publish(String(data=text))
+
+    def start_camera(self, rid: str, rate_hz: float) -> None:
+        """Publish a new frame and joint state at ``rate_hz`` while spinning."""
+
+        def tick() -> None:
+            self.publish_joints(rid)
+            self.publish_frame(rid)
+
+        self._cameras[rid] = self.node.create_timer(1.0 / rate_hz, tick)
+
+    def stop_camera(self, rid: str) -> None:
+        timer = self._cameras.pop(rid, None)
+        if timer is not None:
+            self.node.destroy_timer(timer)
+
+    def close(self) -> None:
+        self.executor.shutdown()
+        self.node.destroy_node()
+        self.context.try_shutdown()
+
+
+def _now() -> int:
+    return time.time_ns()
+
+
+def values_of(status) -> dict[str, str]:
+    return {kv.key: kv.value for kv in status.values}
+
+
+def level_of(status) -> int:
+    return status.level[0]

@@ -1,0 +1,276 @@
+"""The node in its own process, its engine in another, four robots over real DDS.
+
+One node serves the whole module; the tests run in order: a single image's chunk, four
+robots at once, the diagnostics, malformed inputs, and last, killing the engine.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+from ros_harness import JOINTS, Harness, NodeProcess, level_of, values_of
+from sensor_msgs.msg import Image
+from std_msgs.msg import String
+
+from vla_sched.msg import ActionChunk, StepRejected
+from vla_sched.ros.conversions import ns_to_stamp, stamp_to_ns
+from vla_sched.ros.diagnostics import ROBOT_KEYS, SCHEDULER_KEYS, status_names
+
+pytestmark = [pytest.mark.ros, pytest.mark.slow]
+
+ROBOTS = ['robot_0', 'robot_1', 'robot_2', 'robot_3']
+BUDGET_S = 10.0  # generous: the CPU model is slow and these tests are not about deadlines
+SCHEDULER = 'vla_sched: scheduler'
+TRAJECTORY_JOINTS = [f'j{i}' for i in range(7)]
+
+
+def _params() -> dict:
+    return {
+        'robot_ids': ROBOTS,
+        'robot_defaults': {
+            'period_s': 0.25,
+            'instruction': 'pick up the red block',
+            'state_joint_names': list(JOINTS),
+        },
+        'robots': {
+            'robot_1': {
+                'action_space': 'joint_position',
+                'action_joint_names': TRAJECTORY_JOINTS,
+                'publish_joint_trajectory': True,
+                'dt': 0.05,
+                'frame_id': 'robot_1/base',
+            },
+        },
+        'engine': {
+            'mode': 'process',
+            'core': 'sequential',
+            'device': 'cpu',
+            'heartbeat_timeout_s': 5.0,
+            'restart_delay_s': 0.5,
+        },
+        'deadlines': {'step_budget_s': BUDGET_S},
+        'diagnostics': {'period_s': 0.5, 'silent_robot_s': 60.0},
+    }
+
+
+@pytest.fixture(scope='module')
+def served(tmp_path_factory):
+    node = NodeProcess(tmp_path_factory.mktemp('serving'), _params())
+    harness = Harness(ROBOTS)
+    try:
+        assert harness.wait_matched(60), node.log()
+        ready = harness.wait_status(
+            SCHEDULER, lambda s: values_of(s)['engine state'] == 'ready', 180
+        )
+        assert ready is not None, node.log()[-3000:]
+        yield node, harness
+    finally:
+        harness.close()
+        assert node.stop() == 0, node.log()[-3000:]
+
+
+def _chunk_with_stamp(harness: Harness, rid: str, stamp_ns: int) -> ActionChunk | None:
+    for _, chunk in harness.chunks[rid]:
+        if stamp_to_ns(chunk.header.stamp) == stamp_ns:
+            return chunk
+    return None
+
+
+def test_an_image_yields_a_chunk_with_the_right_shape_stamp_and_robot_id(served):
+    node, harness = served
+    found: list[ActionChunk] = []
+    stamps = []
+
+    def arrived() -> bool:
+        chunks = (_chunk_with_stamp(harness, 'robot_1', s) for s in stamps)
+        found.extend(c for c in chunks if c is not None)
+        return bool(found)
+
+    # One frame at a time (best-effort QoS may lose one); each has a distinct stamp.
+    for _ in range(5):
+        harness.publish_joints('robot_1')
+        stamps.append(harness.publish_frame('robot_1'))
+        if harness.spin_until(arrived, 20):
+            break
+    assert found, node.log()[-3000:]
+    chunk = found[0]
+    stamp_ns = stamp_to_ns(chunk.header.stamp)
+    assert chunk.robot_id == 'robot_1' and chunk.header.frame_id == 'robot_1/base'
+    assert chunk.step_seq >= 1
+    assert chunk.dof == 7 and chunk.horizon >= 1
+    assert len(chunk.actions) == chunk.horizon * chunk.dof
+    assert list(chunk.joint_names) == TRAJECTORY_JOINTS
+    assert chunk.action_space == ActionChunk.ACTION_SPACE_JOINT_POSITION
+    assert stamp_to_ns(chunk.deadline) == stamp_ns + round(BUDGET_S * 1e9)
+    assert chunk.dt == pytest.approx(0.05)
+    assert chunk.total_ms > 0 and not chunk.late
+    assert all(math.isfinite(a) for a in chunk.actions)
+    # the trajectory twin: point k at k * dt, the same positions
+    assert harness.spin_until(lambda: harness.trajectories['robot_1'], 10)
+    traj = next(
+        t for t in harness.trajectories['robot_1'] if stamp_to_ns(t.header.stamp) == stamp_ns
+    )
+    assert list(traj.joint_names) == TRAJECTORY_JOINTS and len(traj.points) == chunk.horizon
+    rows = np.asarray(chunk.actions, dtype=np.float32).reshape(chunk.horizon, chunk.dof)
+    for k, point in enumerate(traj.points):
+        assert stamp_to_ns(point.time_from_start) == round(k * 0.05 * 1e9)
+        np.testing.assert_allclose(point.positions, rows[k], rtol=0, atol=1e-6)
+
+
+def test_four_robots_are_served_at_once(served):
+    _, harness = served
+    before = {rid: len(harness.chunks[rid]) for rid in ROBOTS}
+    for rid in ROBOTS:
+        harness.start_camera(rid, rate_hz=5.0)
+    ok = harness.spin_until(
+        lambda: all(len(harness.chunks[r]) >= before[r] + 3 for r in ROBOTS), 90
+    )
+    counts = {rid: len(harness.chunks[rid]) - before[rid] for rid in ROBOTS}
+    assert ok, f'chunks per robot: {counts}'
+    for rid in ROBOTS:
+        assert all(chunk.robot_id == rid for _, chunk in harness.chunks[rid])
+        seqs = [chunk.step_seq for _, chunk in harness.chunks[rid]]
+        assert seqs == sorted(set(seqs))  # one step at a time, in order
+
+
+def test_diagnostics_carry_the_scheduler_and_robot_statuses_with_their_keys(served):
+    _, harness = served
+    after = harness.diagnostics[-1][0] if harness.diagnostics else 0
+    assert harness.spin_until(lambda: harness.diagnostics[-1][0] > after, 5)
+    array = harness.diagnostics[-1][1]
+    assert [s.name for s in array.status] == status_names(ROBOTS)
+    scheduler = array.status[0]
+    assert [kv.key for kv in scheduler.values] == list(SCHEDULER_KEYS)
+    values = values_of(scheduler)
+    assert values['engine state'] == 'ready' and int(values['engine pid']) > 0
+    assert 'random weights' in values['model']
+    assert values['running batch size'] != 'n/a'
+    assert 0.0 <= float(values['KV pool use (%)']) <= 100.0
+    assert level_of(scheduler) in (0, 1) and scheduler.hardware_id
+    for rid, status in zip(ROBOTS, array.status[1:], strict=True):
+        assert [kv.key for kv in status.values] == list(ROBOT_KEYS)
+        assert status.hardware_id == rid
+        assert int(values_of(status)['chunks published']) >= 3
+        assert float(values_of(status)['target rate (Hz)']) == pytest.approx(4.0)
+
+
+def _wait_rejection(harness: Harness, rid: str, since: int, reason: int, text: str) -> str:
+    found = []
+
+    def arrived() -> bool:
+        for received, msg in harness.rejected[rid]:
+            if received >= since and msg.reason == reason and text in msg.detail:
+                found.append(msg.detail)
+        return bool(found)
+
+    assert harness.spin_until(arrived, 20), [m.detail for _, m in harness.rejected[rid]]
+    return found[0]
+
+
+def test_malformed_inputs_are_refused_for_that_robot_while_others_keep_going(served):
+    _, harness = served
+    bad = 'robot_3'
+    harness.stop_camera(bad)
+    others = [r for r in ROBOTS if r != bad]
+    before = {r: len(harness.chunks[r]) for r in others}
+
+    wrong_encoding = Image(height=8, width=8, encoding='16UC1', step=16, data=bytes(128))
+    wrong_encoding.header.stamp = ns_to_stamp(_now())
+    cases = [
+        (lambda: harness.publish_image(bad, wrong_encoding), 1, "encoding '16UC1'"),
+        (lambda: harness.publish_image(bad, _short_image()), 1, 'needs 192'),
+        (lambda: harness.publish_joints(bad, positions=[0, 0, math.nan, 0, 0, 0, 0]), 2,
+         "non-finite positions for ['joint_3']"),
+        (lambda: harness.publish_joints(bad, positions=[0, 0, 0, 0, 0, 0, math.inf]), 2,
+         "non-finite positions for ['gripper']"),
+        (lambda: harness.publish_joints(bad, names=['elbow', 'wrist'], positions=[0, 0]), 2,
+         'lacks configured joints'),
+        (lambda: harness.publish_instruction(bad, ''), 3, 'instruction is empty'),
+        (lambda: harness.publish_instruction(bad, 'x' * 10_000_000), 3,
+         'instruction has 10000000 bytes'),
+    ]  # fmt: skip
+    for publish, reason, text in cases:
+        since = _now()
+        publish()
+        _wait_rejection(harness, bad, since, reason, text)
+    # the robot has no valid instruction now: its next image is refused, naming why
+    since = _now()
+    harness.publish_joints(bad)
+    harness.publish_frame(bad)
+    _wait_rejection(harness, bad, since, StepRejected.REASON_INVALID_INSTRUCTION, 'refused')
+    status = harness.wait_status(
+        f'vla_sched: robot {bad}', lambda s: 'instruction' in values_of(s)['last error'], 5
+    )
+    assert status is not None and level_of(status) == 1  # WARN, with the reason
+    # the other robots kept getting actions
+    assert harness.spin_until(lambda: all(len(harness.chunks[r]) > before[r] for r in others), 30)
+    # and the refused robot comes back with a valid instruction
+    harness.instructions[bad].publish(String(data='place it in the bin'))
+    count = len(harness.chunks[bad])
+    harness.start_camera(bad, rate_hz=5.0)
+    assert harness.spin_until(lambda: len(harness.chunks[bad]) > count, 60)
+
+
+def test_killing_the_engine_turns_the_scheduler_error_and_the_node_recovers(served):
+    node, harness = served
+    status = harness.status(SCHEDULER)
+    old_pid = int(values_of(status)['engine pid'])
+    kill_ns = _now()
+    os.kill(old_pid, signal.SIGKILL)
+    error = harness.wait_status(SCHEDULER, lambda s: level_of(s) == 2, 5, after_ns=kill_ns)
+    assert error is not None, node.log()[-3000:]
+    error_ns = next(t for t, a in harness.diagnostics if t >= kill_ns and _has_error(a))
+    assert (error_ns - kill_ns) / 1e9 < 2.0
+    assert values_of(error)['engine state'] == 'dead'
+    # no chunk computed from an observation before the kill is published after the death
+    for rid in ROBOTS:
+        for _, chunk in harness.chunks[rid]:
+            stamp = stamp_to_ns(chunk.header.stamp)
+            published = stamp + chunk.total_ms * 1e6
+            if stamp < kill_ns:
+                assert published < error_ns, (rid, chunk.step_seq)
+    # robots are told at once that their steps will not come
+    assert harness.spin_until(
+        lambda: any(
+            m.reason == StepRejected.REASON_ENGINE_UNAVAILABLE and t >= kill_ns
+            for rid in ROBOTS
+            for t, m in harness.rejected[rid]
+        ),
+        10,
+    )
+    # the node restarts the engine and resumes
+
+    def restarted(status) -> bool:
+        values = values_of(status)
+        return values['engine state'] == 'ready' and values['engine restarts'] == '1'
+
+    recovered = harness.wait_status(SCHEDULER, restarted, 180, after_ns=kill_ns)
+    assert recovered is not None, node.log()[-3000:]
+    assert int(values_of(recovered)['engine pid']) != old_pid
+    resumed_ns = _now()
+    assert harness.spin_until(
+        lambda: all(
+            any(stamp_to_ns(c.header.stamp) > resumed_ns for _, c in harness.chunks[r])
+            for r in ROBOTS
+        ),
+        90,
+    )
+
+
+def _has_error(array) -> bool:
+    return any(s.name == SCHEDULER and level_of(s) == 2 for s in array.status)
+
+
+def _short_image() -> Image:
+    msg = Image(height=8, width=8, encoding='rgb8', step=24, data=bytes(100))
+    msg.header.stamp = ns_to_stamp(_now())
+    return msg
+
+
+def _now() -> int:
+    return time.time_ns()
