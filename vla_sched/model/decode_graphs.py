@@ -161,6 +161,7 @@ class DecodeGraphs:
         hidden = decoder(decoder.embed(self.input_ids[:size]), meta, self.kv_caches)
         return decoder.logits(hidden)
 
+    @torch.inference_mode()
     def _capture_all(self) -> None:
         pool = None
         stream = torch.cuda.Stream(device=self.model.device)

@@ -126,7 +126,9 @@ def assemble_model(
         vision = _assemble_vision(spec, parts, shape_of, read, device, dtype)
     elif parts['projector'] or parts['tower']:
         raise CheckpointError('checkpoint has vision tensors but config.json has no vision tower')
-    return VLAModel(spec, decoder, vision).eval()
+    model = VLAModel(spec, decoder, vision).eval()
+    model.requires_grad_(False)
+    return model
 
 
 def _assemble_vision(spec, parts, shape_of, read, device, dtype) -> nn.Module:
