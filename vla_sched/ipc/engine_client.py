@@ -46,7 +46,9 @@ class EngineLaunch:
     mode: str = 'process'
     engine_config: Mapping[str, Any] = field(default_factory=dict)
     heartbeat_period_s: float = 0.2
-    heartbeat_timeout_s: float = 1.0
+    # Longer than the slowest scheduler iteration (beats are sent between iterations); a
+    # dead process or thread is noticed at once, without waiting for this.
+    heartbeat_timeout_s: float = 3.0
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:

@@ -65,16 +65,22 @@ def serve(
         with contextlib.suppress(ChannelClosedError):
             channel.send(msg)
 
-    send(core.info)
+    # Handshake: the first message from the frontend proves that its sockets reach us, so
+    # nothing it sends after our EngineInfo can be lost to a half-open connection.
     heartbeat.seen(clock())  # the frontend gets one timeout to say hello
+    while channel.recv(heartbeat.period_s) is None:
+        if stop.is_set():
+            return 'stopped'
+        if not heartbeat.alive(clock()):
+            return 'frontend_lost'
+    heartbeat.seen(clock())
+    send(core.info)
     next_stats_s = clock()
     while not stop.is_set():
         now_s = clock()
         beat = heartbeat.due(now_s)
         if beat is not None:
             send(beat)
-        if not heartbeat.alive(now_s):
-            return 'frontend_lost'
         if now_s >= next_stats_s:
             send(core.stats(wall_ns()))
             next_stats_s = now_s + stats_period_s
@@ -90,6 +96,9 @@ def serve(
             elif not isinstance(msg, Heartbeat):
                 raise TypeError(f'the engine cannot handle {type(msg).__name__}')
             msg = channel.recv(0.0)
+        # Judged after draining the inbox: a long step must not hide the frontend's beats.
+        if not heartbeat.alive(clock()):
+            return 'frontend_lost'
         if core.has_work():
             for out in core.step(wall_ns()):
                 send(out)

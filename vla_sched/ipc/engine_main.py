@@ -25,7 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument('--from-engine', required=True)
     parser.add_argument('--config', default='{}', help='engine settings as JSON')
     parser.add_argument('--heartbeat-period', type=float, default=0.2)
-    parser.add_argument('--heartbeat-timeout', type=float, default=1.0)
+    parser.add_argument('--heartbeat-timeout', type=float, default=3.0)
     args = parser.parse_args(argv)
 
     config = EngineConfig.from_mapping(json.loads(args.config))
