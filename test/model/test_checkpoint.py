@@ -12,7 +12,7 @@ from vla_sched.model.checkpoint import load_checkpoint
 from vla_sched.model.model_spec import CheckpointError, read_model_spec
 from vla_sched.model.presets import preset_spec
 from vla_sched.model.spec import UnsupportedArchitectureError
-from vla_sched.model.tiny_checkpoint import build_tiny_checkpoint
+from vla_sched.model.tiny_checkpoint import build_tiny_checkpoint, random_model
 
 
 def _edit_config(folder, edit) -> None:
@@ -153,3 +153,10 @@ def test_several_datasets_need_an_unnorm_key_before_actions_decode(tmp_path):
         spec.action_decoder()
     assert spec.with_unnorm_key('other_robot').action_dim == 6
     assert spec.action_decoder('tiny_sim').action_dim == 7
+
+
+def test_random_model_of_the_tiny_preset_equals_the_seed_0_checkpoint(tiny_model):
+    model = random_model(preset_spec('tiny'), seed=0)
+    ours, saved = model.state_dict(), tiny_model.state_dict()
+    assert ours.keys() == saved.keys()
+    assert all(torch.equal(ours[k], saved[k]) for k in ours)

@@ -26,6 +26,7 @@ from vla_sched.model.model_spec import (
     PREPROCESSOR_FILE,
     TOKENIZER_FILE,
     VLA_CONFIG_FILE,
+    ModelSpec,
     parse_architecture,
 )
 from vla_sched.model.presets import (
@@ -35,6 +36,8 @@ from vla_sched.model.presets import (
     tiny_statistics,
     tiny_vla_config,
 )
+from vla_sched.model.spec import DecoderSpec, VisionSpec
+from vla_sched.model.vla_model import VLAModel, assemble_model
 from vla_sched.model.weights import (
     DECODER_PREFIX,
     LM_HEAD,
@@ -48,30 +51,77 @@ from vla_sched.model.weights import (
 SPECIAL_TOKENS = ('<pad>', '<s>', '</s>', '<unk>')
 
 
-def _random_tensor(name: str, shape: tuple[int, ...], generator: torch.Generator) -> torch.Tensor:
-    """One tensor of the tiny model, scaled by its role."""
+def random_tensor(
+    name: str,
+    shape: tuple[int, ...],
+    generator: torch.Generator,
+    *,
+    dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
+    """One random weight, scaled by its role, on the generator's device."""
+    factory = {'generator': generator, 'device': generator.device, 'dtype': dtype}
     if name.endswith('norm.weight') or ('layer_norm' in name and name.endswith('weight')):
-        return 1.0 + 0.1 * torch.randn(shape, generator=generator)
+        return 1.0 + 0.1 * torch.randn(shape, **factory)
     if name.endswith('bias'):
-        return 0.1 * torch.randn(shape, generator=generator)
+        return 0.1 * torch.randn(shape, **factory)
     if name.endswith(('embed_tokens.weight', 'position_embedding.weight')):
-        return 0.5 * torch.randn(shape, generator=generator)
+        return 0.5 * torch.randn(shape, **factory)
     fan_in = math.prod(shape[1:])
-    return torch.randn(shape, generator=generator) / math.sqrt(fan_in)
+    return torch.randn(shape, **factory) / math.sqrt(fan_in)
+
+
+def random_state_dict(
+    decoder: DecoderSpec,
+    vision: VisionSpec | None,
+    *,
+    seed: int = 0,
+    device: torch.device | str = 'cpu',
+    dtype: torch.dtype = torch.float32,
+) -> dict[str, torch.Tensor]:
+    """Seeded random weights (canonical names) for a decoder and optional SigLIP tower."""
+    names: dict[str, tuple[int, ...]] = {}
+    for name, shape in decoder_shapes(decoder).items():
+        names[name if name == LM_HEAD else DECODER_PREFIX + name] = shape
+    if vision is not None:
+        if vision.model_type != 'siglip_vision_model':
+            raise ValueError('random weights are made for SigLIP towers only')
+        names.update({PROJECTOR_PREFIX + n: s for n, s in projector_shapes(vision).items()})
+        names.update({TOWER_PREFIX + n: s for n, s in siglip_tower_shapes(vision).items()})
+    generator = torch.Generator(device=device).manual_seed(seed)
+    return {
+        name: random_tensor(name, shape, generator, dtype=dtype) for name, shape in names.items()
+    }
 
 
 def tiny_state_dict(config: dict[str, Any], *, seed: int = 0) -> dict[str, torch.Tensor]:
     """Seeded random weights for a LLaVA ``config.json`` with a SigLIP tower (canonical names)."""
     decoder, vision = parse_architecture(config)
-    if vision is None or vision.model_type != 'siglip_vision_model':
-        raise ValueError('the tiny builder makes LLaVA checkpoints with a SigLIP tower')
-    names: dict[str, tuple[int, ...]] = {}
-    for name, shape in decoder_shapes(decoder).items():
-        names[name if name == LM_HEAD else DECODER_PREFIX + name] = shape
-    names.update({PROJECTOR_PREFIX + n: s for n, s in projector_shapes(vision).items()})
-    names.update({TOWER_PREFIX + n: s for n, s in siglip_tower_shapes(vision).items()})
-    generator = torch.Generator().manual_seed(seed)
-    return {name: _random_tensor(name, shape, generator) for name, shape in names.items()}
+    if vision is None:
+        raise ValueError('the tiny builder makes LLaVA checkpoints with a vision tower')
+    return random_state_dict(decoder, vision, seed=seed)
+
+
+def random_model(
+    spec: ModelSpec,
+    *,
+    device: torch.device | str = 'cpu',
+    dtype: torch.dtype = torch.float32,
+    seed: int = 0,
+) -> VLAModel:
+    """A model with seeded random weights for a spec, e.g. ``preset_spec('openvla-7b')``.
+
+    The weights are drawn on ``device`` (fast on a GPU even at 7B) and never written to
+    disk; the actions such a model produces are meaningless.
+    """
+    tensors = random_state_dict(spec.decoder, spec.vision, seed=seed, device=device, dtype=dtype)
+    return assemble_model(
+        spec,
+        list(tensors),
+        shape_of=lambda name: tuple(tensors[name].shape),
+        read=tensors.__getitem__,
+        device=device,
+        dtype=dtype,
+    )
 
 
 def tiny_tokenizer_json() -> str:
