@@ -1,0 +1,292 @@
+"""The engine core that batches every robot's steps: scheduler + paged KV + model runner.
+
+A ``StepRequest`` becomes a scheduler ``Req``: the prompt from the checkpoint's template
+(session prefix, image placeholder span keyed by the frame's content hash, suffix), the
+robot's session (opened on its first step, its prefix swapped when the instruction
+version changes), H*D action tokens to decode, the robot's deadline. Each ``step`` runs one
+scheduler iteration; requests that end become ``StepResult`` (tokens -> actions) or
+``StepFailure`` (the abort reason mapped to the frontend's reasons).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from vla_sched.engine.forward_batch import ImageInput, SamplingParams
+from vla_sched.engine.kv_config import KVMemoryConfig
+from vla_sched.engine.kv_memory import KVMemory
+from vla_sched.engine.radix_key import RadixKey
+from vla_sched.engine.request import AbortReason, Req
+from vla_sched.engine.scheduler import Scheduler
+from vla_sched.engine.scheduler_config import PrefillDelayerConfig, SchedulerConfig
+from vla_sched.ipc.checkpoints import resolve_checkpoint
+from vla_sched.ipc.core_stats import CoreStats
+from vla_sched.ipc.engine_config import EngineConfig
+from vla_sched.ipc.messages import (
+    EngineInfo,
+    EngineStats,
+    FailureReason,
+    StepFailure,
+    StepRequest,
+    StepResult,
+)
+from vla_sched.ipc.sequential_core import pick_device_and_dtype
+from vla_sched.ipc.step_checks import check_step_request, image_content_hash
+
+logger = logging.getLogger(__name__)
+
+# Scheduler abort reasons as the frontend reports them; the rest are internal errors.
+FAILURE_OF_ABORT = {
+    AbortReason.OUT_OF_MEMORY: FailureReason.KV_POOL_FULL,
+    AbortReason.SUPERSEDED: FailureReason.SUPERSEDED,
+    AbortReason.DEADLINE_MISSED: FailureReason.DEADLINE_MISSED,
+    AbortReason.WAITING_TIMEOUT: FailureReason.DEADLINE_MISSED,
+    AbortReason.RUNNING_TIMEOUT: FailureReason.DEADLINE_MISSED,
+    AbortReason.PROMPT_TOO_LONG: FailureReason.INVALID_INSTRUCTION,
+    AbortReason.MAX_NEW_TOKENS_UNFIT: FailureReason.KV_POOL_FULL,
+}
+PROMPT_MARGIN_TOKENS = 64  # template text around the instruction, in tokens
+
+
+@dataclass(slots=True)
+class _RobotSession:
+    instruction_version: int
+    prefix_len: int
+
+
+class ScheduledCore:
+    """Serves every robot's steps through one ``Scheduler`` (see the module docstring)."""
+
+    def __init__(self, config: EngineConfig, *, folder: Path, random_weights: bool) -> None:
+        from vla_sched.model.checkpoint import load_checkpoint
+        from vla_sched.model.model_spec import read_model_spec
+        from vla_sched.model.prompt import VLAPromptBuilder
+        from vla_sched.model.runner import ModelRunner
+
+        self.config = config
+        self.spec = read_model_spec(folder)
+        self.prompts = VLAPromptBuilder.from_checkpoint(folder)
+        self.decoder = self.spec.action_decoder()
+        self.model_name = folder.name
+        device, dtype = pick_device_and_dtype(config)
+        model = load_checkpoint(folder, device=device, dtype=dtype, spec=self.spec)
+        page_size = config.page_size
+        self.memory = KVMemory(
+            KVMemoryConfig(
+                num_pages=config.kv_pool_tokens // page_size,
+                page_size=page_size,
+                num_req_slots=config.max_running_requests,
+                max_context_len=self._max_context_len(),
+                session_step_kv='free',
+                session_idle_timeout_s=0.0,
+            )
+        )
+        runner = ModelRunner(
+            model,
+            req_to_token=self.memory.req_to_token_pool.req_to_token,
+            num_kv_slots=(self.memory.allocator.num_pages + 1) * page_size,
+        )
+        self.scheduler = Scheduler(self._scheduler_config(), self.memory, runner,
+                                   clock=time.time_ns)  # fmt: skip
+        num_state = 0
+        if self.spec.prompt.state_tokens:
+            num_state = next(iter(self.spec.proprio_statistics.values())).action_dim
+        self._info = EngineInfo(
+            model_name=self.model_name,
+            num_state=num_state,
+            action_horizon=self.spec.action_horizon,
+            action_dim=self.spec.action_dim,
+            image_size=self.spec.preprocessing.image_size if self.spec.preprocessing else 0,
+            max_instruction_tokens=config.max_instruction_bytes,
+            random_weights=random_weights,
+        )
+        self._sessions: dict[str, _RobotSession] = {}
+        self._received_ns: dict[str, int] = {}
+        self.stats_counters = CoreStats()
+
+    @classmethod
+    def from_config(cls, config: EngineConfig) -> ScheduledCore:
+        folder, random_weights = resolve_checkpoint(config.model_path)
+        return cls(config, folder=folder, random_weights=random_weights)
+
+    def _max_context_len(self) -> int:
+        """Longest prompt (instruction bytes bound its tokens) plus the action tokens."""
+        num = (
+            self.config.max_instruction_bytes + PROMPT_MARGIN_TOKENS
+            + self.spec.num_image_tokens + self.spec.num_action_tokens + 64
+        )  # fmt: skip
+        page = self.config.page_size
+        return -(-num // page) * page
+
+    def _scheduler_config(self) -> SchedulerConfig:
+        c = self.config
+        chunk = c.chunked_prefill_size
+        if chunk % c.page_size:
+            chunk = max(c.page_size, chunk // c.page_size * c.page_size)
+        return SchedulerConfig(
+            schedule_policy=c.policy,
+            max_running_requests=c.max_running_requests,
+            chunked_prefill_size=chunk,
+            max_prefill_tokens=max(chunk, 1024),
+            enable_priority_scheduling=c.enable_priority,
+            abort_on_priority_when_disabled=False,
+            robot_priorities=tuple((r, c.robot_priority(r)) for r in c.robots),
+            late_policy=c.late_policy,
+            enable_overlap=c.enable_overlap,
+            prefill_delayer=PrefillDelayerConfig(enabled=c.enable_prefill_delayer),
+        )
+
+    @property
+    def info(self) -> EngineInfo:
+        return self._info
+
+    # ---- steps -------------------------------------------------------------------------
+
+    def submit(self, request: StepRequest, now_ns: int) -> list[StepFailure]:
+        failure = check_step_request(
+            request,
+            num_state=self._info.num_state,
+            max_instruction_bytes=self.config.max_instruction_bytes,
+        )
+        if failure is not None:
+            self.stats_counters.record_failure(request.robot_id, failure.reason)
+            return [failure]
+        state = request.state if self._info.num_state else None
+        layout = self.prompts.build(request.instruction, state=state)
+        self._open_or_update_session(request, layout.token_ids[: layout.session_prefix_len])
+        images: tuple[ImageInput, ...] = ()
+        if layout.num_image_tokens:
+            images = (
+                ImageInput(
+                    content_hash=image_content_hash(request.image),
+                    token_offset=layout.image_offset,
+                    num_tokens=layout.num_image_tokens,
+                    pixels=request.image,
+                ),
+            )
+        start, end = self.spec.action_token_range
+        req = Req(
+            rid=f'{request.robot_id}/{request.step_seq}',
+            origin_input_ids=layout.token_ids,
+            sampling=SamplingParams(allowed_token_start=start, allowed_token_end=end),
+            max_new_tokens=self.spec.num_action_tokens,
+            images=images,
+            robot_id=request.robot_id,
+            step_seq=request.step_seq,
+            session_id=request.robot_id,
+            deadline_ns=request.deadline_ns,
+            stamp_ns=request.stamp_ns,
+            extra_key=self.model_name,
+        )
+        self._received_ns[req.rid] = request.received_ns
+        reason = self.scheduler.add_request(req)
+        if reason is None:
+            return []
+        return [self._failure(req)]
+
+    def _open_or_update_session(self, request: StepRequest, prefix_ids) -> None:
+        sessions = self.memory.sessions
+        key = RadixKey(torch.tensor(prefix_ids, dtype=torch.int64), extra_key=self.model_name)
+        current = self._sessions.get(request.robot_id)
+        now_s = time.time_ns() / 1e9
+        if current is None or request.robot_id not in sessions:
+            sessions.open(request.robot_id, key, now=now_s)
+        elif current.instruction_version != request.instruction_version:
+            sessions.change_prefix(request.robot_id, key, now=now_s)
+        self._sessions[request.robot_id] = _RobotSession(
+            request.instruction_version, len(prefix_ids)
+        )
+
+    def close_session(self, robot_id: str) -> None:
+        for rid in self.scheduler.close_session(robot_id):
+            self._received_ns.pop(rid, None)
+        self._sessions.pop(robot_id, None)
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_work()
+
+    def step(self, now_ns: int) -> list[StepResult | StepFailure]:
+        out: list[StepResult | StepFailure] = []
+        for req in self.scheduler.run_once():
+            if req.finished_reason is not None and not req.finished_reason.is_abort:
+                out.append(self._result(req))
+            else:
+                out.append(self._failure(req))
+        return out
+
+    def _result(self, req: Req) -> StepResult:
+        times = req.times
+        received = self._received_ns.pop(req.rid, times.arrival_ns)
+        admitted = times.admitted_ns or received
+        first = times.first_token_ns or admitted
+        last = times.finished_ns or times.last_token_ns or first
+        actions = self.decoder.decode(req.output_ids).astype(np.float32)
+        itl = [(b - a) / 1e6 for a, b in itertools.pairwise(times.token_ns)]
+        self.stats_counters.record_done(
+            req.robot_id,
+            step_ms=(last - received) / 1e6,
+            ttft_ms=(first - received) / 1e6,
+            itl_ms=itl,
+            num_cached_prefix_tokens=req.num_cached_tokens,
+            late=req.late,
+        )
+        return StepResult(
+            robot_id=req.robot_id,
+            step_seq=req.step_seq,
+            stamp_ns=req.stamp_ns,
+            actions=actions,
+            queue_ms=(admitted - received) / 1e6,
+            prefill_ms=(first - admitted) / 1e6,
+            decode_ms=(last - first) / 1e6,
+            late=req.late,
+            num_cached_prefix_tokens=req.num_cached_tokens,
+        )
+
+    def _failure(self, req: Req) -> StepFailure:
+        self._received_ns.pop(req.rid, None)
+        finish = req.finished_reason
+        abort = finish.abort if finish is not None else None
+        reason = FAILURE_OF_ABORT.get(abort, FailureReason.INTERNAL_ERROR)
+        self.stats_counters.record_failure(req.robot_id, reason)
+        detail = finish.message if finish is not None and finish.message else str(abort)
+        if reason is FailureReason.KV_POOL_FULL:
+            detail += (
+                f' (KV pool: {self.memory.num_free_tokens()} free, '
+                f'{self.memory.evictable_size()} evictable, '
+                f'{self.memory.protected_size()} protected tokens)'
+            )
+            logger.warning('%s', detail)
+        return StepFailure(req.robot_id, req.step_seq, req.stamp_ns or 0, reason, detail)
+
+    def stats(self, now_ns: int) -> EngineStats:
+        metrics = self.scheduler.metrics
+        stats = self.stats_counters
+        for robot_id, counters in metrics.robots.items():
+            stats.robot(robot_id).num_retracts = counters.num_retracts
+        total = self.memory.allocator.num_pages * self.memory.page_size
+        used = total - self.memory.num_free_tokens() - self.memory.evictable_size()
+        return stats.snapshot(
+            now_ns,
+            num_waiting=len(self.scheduler.waiting_queue),
+            num_running=len(self.scheduler.running_batch.reqs),
+            chunked_rid=self.scheduler.chunked_req.rid if self.scheduler.chunked_req else '',
+            num_retracts_total=metrics.num_retracts_total,
+            num_retracts_window=metrics.num_retracts_in_window(now_ns),
+            num_delayed_prefills=metrics.num_delayed_prefills,
+            kv_use_percent=100.0 * used / total if total else 0.0,
+            cache_hit_rate=metrics.cache_hit_rate,
+        )
+
+    def check_integrity(self) -> None:
+        self.scheduler.check_integrity()
+
+    def close(self) -> None:
+        for robot_id in list(self._sessions):
+            self.close_session(robot_id)
