@@ -102,7 +102,8 @@ class ResultProcessor:
         times = req.times
         if times.first_token_ns is None:
             times.first_token_ns = now
-            self.metrics.record_first_token(req.robot_id, now - (times.arrival_ns or now))
+            arrival = times.arrival_ns if times.arrival_ns is not None else now
+            self.metrics.record_first_token(req.robot_id, now - arrival)
         elif times.last_token_ns is not None:
             self.metrics.record_itl(req.robot_id, now - times.last_token_ns)
         times.last_token_ns = now

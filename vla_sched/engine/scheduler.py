@@ -394,6 +394,7 @@ class Scheduler:
         else:
             if self.robots.is_overdue(req, now):
                 self.count_deadline_miss(req)
-            self.metrics.record_step_done(req.robot_id, now - (req.times.arrival_ns or now))
+            arrival = req.times.arrival_ns if req.times.arrival_ns is not None else now
+            self.metrics.record_step_done(req.robot_id, now - arrival)
         if report:
             self._outbox.append(req)
