@@ -20,7 +20,7 @@ from vla_sched.ipc.messages import (
 )
 
 pytestmark = pytest.mark.slow
-CORE = {'core': 'sequential', 'stats_period_s': 0.2}
+CORE = {'core': 'scheduled', 'stats_period_s': 0.2, 'kv_pool_tokens': 2048}
 
 
 def _request(robot_id: str, step_seq: int, **overrides) -> StepRequest:
@@ -52,9 +52,14 @@ def _collect(client: EngineClient, want: int, timeout_s: float = 60.0) -> list:
     return out
 
 
-@pytest.fixture(scope='module', params=['inprocess', 'process'])
+@pytest.fixture(
+    scope='module',
+    params=[('inprocess', 'scheduled'), ('process', 'scheduled'), ('inprocess', 'sequential')],
+    ids=lambda p: '-'.join(p),
+)
 def client(request):
-    c = EngineClient(EngineLaunch(mode=request.param, engine_config=CORE))
+    mode, core = request.param
+    c = EngineClient(EngineLaunch(mode=mode, engine_config={**CORE, 'core': core}))
     c.start()
     _wait_ready(c)
     yield c

@@ -13,7 +13,9 @@ Index ranges of request ``i`` in a batch (positions in its token sequence)::
                                <-- extend_lens[i] ------>
 
 ``input_ids`` and ``out_cache_loc`` hold the new tokens of all requests back to back, in
-batch order. For a decode step every ``extend_lens[i]`` is 1.
+batch order. For a decode step every ``extend_lens[i]`` is 1. An input id of -1
+(``FUTURE_TOKEN_ID``) stands for the token the runner last sampled for that request's row:
+the overlap loop launches decode step k+1 before the host has seen step k's tokens.
 """
 
 from __future__ import annotations

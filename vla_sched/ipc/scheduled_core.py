@@ -254,6 +254,9 @@ class ScheduledCore:
         finish = req.finished_reason
         abort = finish.abort if finish is not None else None
         reason = FAILURE_OF_ABORT.get(abort, FailureReason.INTERNAL_ERROR)
+        too_long = len(req.origin_input_ids) + req.max_new_tokens
+        if abort is AbortReason.PROMPT_TOO_LONG and too_long <= self.memory.config.max_context_len:
+            reason = FailureReason.KV_POOL_FULL  # it fits the context, not the pool
         self.stats_counters.record_failure(req.robot_id, reason)
         detail = finish.message if finish is not None and finish.message else str(abort)
         if reason is FailureReason.KV_POOL_FULL:
