@@ -67,6 +67,7 @@ def test_three_robots_get_chunks_and_their_second_steps_reuse_the_session_prefix
     stats = core.stats(time.time_ns())
     assert stats.cache_hit_rate > 0
     assert stats.robots['r1'].num_steps_done == 2
+    assert stats.robots['r1'].num_cached_prefix_tokens >= 16
 
 
 def test_malformed_step_fails_at_once_and_the_engine_keeps_serving(core):

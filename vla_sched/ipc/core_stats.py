@@ -1,131 +1,97 @@
-"""Per-step outcome counters of an engine core, turned into ``EngineStats`` snapshots."""
+"""What both engine cores report: their ``EngineInfo`` and ``EngineStats`` snapshots.
+
+Both cores count into the scheduler's ``SchedulerMetrics`` (the scheduled core through its
+scheduler, the sequential one directly), so the frontend sees one set of numbers with one
+meaning whichever core runs.
+"""
 
 from __future__ import annotations
 
-from collections import Counter, deque
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
-import numpy as np
+from vla_sched.engine.metrics import SchedulerMetrics
+from vla_sched.ipc.messages import EngineInfo, EngineStats, FailureReason, RobotStats
 
-from vla_sched.ipc.messages import EngineStats, FailureReason, RobotStats
+if TYPE_CHECKING:
+    from vla_sched.model.model_spec import ModelSpec
 
-
-class LatencyWindow:
-    """The last ``size`` latencies (ms) with their p50 and p99."""
-
-    def __init__(self, size: int = 512) -> None:
-        self._values: deque[float] = deque(maxlen=size)
-
-    def add(self, value_ms: float) -> None:
-        self._values.append(float(value_ms))
-
-    def extend(self, values_ms) -> None:
-        self._values.extend(float(v) for v in values_ms)
-
-    def percentile(self, q: float) -> float:
-        return float(np.percentile(self._values, q)) if self._values else 0.0
-
-    def __len__(self) -> int:
-        return len(self._values)
+LATENCY_WINDOW_SIZE = 512
+RETRACT_WINDOW_NS = 10 * 10**9
 
 
-@dataclass(slots=True)
-class _RobotCounters:
-    num_steps_done: int = 0
-    num_deadline_misses: int = 0
-    num_superseded: int = 0
-    num_retracts: int = 0
-    num_aborts: int = 0
-    num_cached_prefix_tokens: int = 0
-    ttft_ms: LatencyWindow = field(default_factory=LatencyWindow)
-    itl_ms: LatencyWindow = field(default_factory=LatencyWindow)
+def new_metrics() -> SchedulerMetrics:
+    return SchedulerMetrics(window_size=LATENCY_WINDOW_SIZE, retract_window_ns=RETRACT_WINDOW_NS)
 
 
-class CoreStats:
-    """What happened to the steps an engine core handled, per robot and in total."""
+def num_state_values(spec: ModelSpec) -> int:
+    """Length of the state vector the checkpoint's prompt takes (0: no state tokens)."""
+    if not spec.prompt.state_tokens:
+        return 0
+    return next(iter(spec.proprio_statistics.values())).action_dim
 
-    def __init__(self) -> None:
-        self.step_ms = LatencyWindow()
-        self.itl_ms = LatencyWindow()
-        self.aborts_by_reason: Counter[str] = Counter()
-        self._robots: dict[str, _RobotCounters] = {}
 
-    def robot(self, robot_id: str) -> _RobotCounters:
-        return self._robots.setdefault(robot_id, _RobotCounters())
+def engine_info(
+    spec: ModelSpec, *, model_name: str, max_instruction_bytes: int, random_weights: bool
+) -> EngineInfo:
+    return EngineInfo(
+        model_name=model_name,
+        num_state=num_state_values(spec),
+        action_horizon=spec.action_horizon,
+        action_dim=spec.action_dim,
+        image_size=spec.preprocessing.image_size if spec.preprocessing else 0,
+        max_instruction_tokens=max_instruction_bytes,
+        random_weights=random_weights,
+    )
 
-    def record_done(
-        self,
-        robot_id: str,
-        *,
-        step_ms: float,
-        ttft_ms: float,
-        itl_ms: list[float],
-        num_cached_prefix_tokens: int,
-        late: bool,
-    ) -> None:
-        counters = self.robot(robot_id)
-        counters.num_steps_done += 1
-        counters.num_deadline_misses += int(late)
-        counters.num_cached_prefix_tokens = num_cached_prefix_tokens
-        counters.ttft_ms.add(ttft_ms)
-        counters.itl_ms.extend(itl_ms)
-        self.step_ms.add(step_ms)
-        self.itl_ms.extend(itl_ms)
 
-    def record_failure(self, robot_id: str, reason: FailureReason) -> None:
-        counters = self.robot(robot_id)
-        if reason is FailureReason.SUPERSEDED:
-            counters.num_superseded += 1
-            return
-        if reason is FailureReason.DEADLINE_MISSED:
-            counters.num_deadline_misses += 1
-        counters.num_aborts += 1
-        self.aborts_by_reason[reason.value] += 1
+def record_failure(metrics: SchedulerMetrics, robot_id: str, reason: FailureReason) -> None:
+    """Count a step refused before it reached a scheduler."""
+    metrics.record_abort(robot_id, reason.value)
+    if reason is FailureReason.DEADLINE_MISSED:
+        metrics.record_deadline_miss(robot_id)
 
-    def record_retract(self, robot_id: str) -> None:
-        self.robot(robot_id).num_retracts += 1
 
-    def snapshot(
-        self,
-        now_ns: int,
-        *,
-        num_waiting: int,
-        num_running: int,
-        chunked_rid: str,
-        num_retracts_total: int,
-        num_retracts_window: int,
-        num_delayed_prefills: int,
-        kv_use_percent: float,
-        cache_hit_rate: float,
-    ) -> EngineStats:
-        robots = {
-            rid: RobotStats(
-                num_steps_done=c.num_steps_done,
-                num_deadline_misses=c.num_deadline_misses,
-                num_superseded=c.num_superseded,
-                num_retracts=c.num_retracts,
-                num_aborts=c.num_aborts,
-                num_cached_prefix_tokens=c.num_cached_prefix_tokens,
-                ttft_ms_p50=c.ttft_ms.percentile(50),
-                itl_ms_p50=c.itl_ms.percentile(50),
-                itl_ms_p99=c.itl_ms.percentile(99),
-            )
-            for rid, c in self._robots.items()
-        }
-        return EngineStats(
-            sent_ns=now_ns,
-            num_waiting=num_waiting,
-            num_running=num_running,
-            chunked_rid=chunked_rid,
-            num_retracts_total=num_retracts_total,
-            num_retracts_window=num_retracts_window,
-            num_delayed_prefills=num_delayed_prefills,
-            kv_use_percent=kv_use_percent,
-            cache_hit_rate=cache_hit_rate,
-            step_ms_p50=self.step_ms.percentile(50),
-            step_ms_p99=self.step_ms.percentile(99),
-            itl_ms_p50=self.itl_ms.percentile(50),
-            itl_ms_p99=self.itl_ms.percentile(99),
-            aborts_by_reason=dict(self.aborts_by_reason),
-            robots=robots,
+def engine_stats(
+    metrics: SchedulerMetrics,
+    now_ns: int,
+    *,
+    num_waiting: int,
+    num_running: int,
+    chunked_rid: str,
+    kv_use_percent: float,
+    session_prefix_tokens: Mapping[str, int] | None = None,
+) -> EngineStats:
+    """A snapshot of ``metrics``; ``session_prefix_tokens`` is each robot's cached prefix."""
+    prefix_tokens = session_prefix_tokens or {}
+    robots = {
+        robot_id: RobotStats(
+            num_steps_done=c.num_steps_done,
+            num_deadline_misses=c.num_deadline_misses,
+            num_superseded=c.num_superseded,
+            num_retracts=c.num_retracts,
+            num_aborts=c.num_aborts,
+            num_cached_prefix_tokens=prefix_tokens.get(robot_id, 0),
+            ttft_ms_p50=c.ttft.percentile_ms(50),
+            itl_ms_p50=c.itl.percentile_ms(50),
+            itl_ms_p99=c.itl.percentile_ms(99),
         )
+        for robot_id, c in metrics.robots.items()
+    }
+    return EngineStats(
+        sent_ns=now_ns,
+        num_waiting=num_waiting,
+        num_running=num_running,
+        chunked_rid=chunked_rid,
+        num_retracts_total=metrics.num_retracts_total,
+        num_retracts_window=metrics.num_retracts_in_window(now_ns),
+        num_delayed_prefills=metrics.num_delayed_prefills,
+        kv_use_percent=kv_use_percent,
+        cache_hit_rate=metrics.cache_hit_rate,
+        step_ms_p50=metrics.step_latency.percentile_ms(50),
+        step_ms_p99=metrics.step_latency.percentile_ms(99),
+        itl_ms_p50=metrics.itl.percentile_ms(50),
+        itl_ms_p99=metrics.itl.percentile_ms(99),
+        aborts_by_reason=dict(metrics.aborts_by_reason),
+        robots=robots,
+    )

@@ -103,7 +103,7 @@ class RobotStats:
     num_superseded: int = 0
     num_retracts: int = 0
     num_aborts: int = 0
-    num_cached_prefix_tokens: int = 0
+    num_cached_prefix_tokens: int = 0  # of its session prefix, held in the radix cache now
     ttft_ms_p50: float = 0.0
     itl_ms_p50: float = 0.0
     itl_ms_p99: float = 0.0

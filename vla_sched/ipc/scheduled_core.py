@@ -10,7 +10,6 @@ scheduler iteration; requests that end become ``StepResult`` (tokens -> actions)
 
 from __future__ import annotations
 
-import itertools
 import logging
 import time
 from dataclasses import dataclass
@@ -27,7 +26,7 @@ from vla_sched.engine.request import AbortReason, Req
 from vla_sched.engine.scheduler import Scheduler
 from vla_sched.engine.scheduler_config import PrefillDelayerConfig, SchedulerConfig
 from vla_sched.ipc.checkpoints import resolve_checkpoint
-from vla_sched.ipc.core_stats import CoreStats
+from vla_sched.ipc.core_stats import engine_info, engine_stats, record_failure
 from vla_sched.ipc.engine_config import EngineConfig
 from vla_sched.ipc.messages import (
     EngineInfo,
@@ -95,21 +94,14 @@ class ScheduledCore:
         )
         self.scheduler = Scheduler(self._scheduler_config(), self.memory, runner,
                                    clock=time.time_ns)  # fmt: skip
-        num_state = 0
-        if self.spec.prompt.state_tokens:
-            num_state = next(iter(self.spec.proprio_statistics.values())).action_dim
-        self._info = EngineInfo(
+        self._info = engine_info(
+            self.spec,
             model_name=self.model_name,
-            num_state=num_state,
-            action_horizon=self.spec.action_horizon,
-            action_dim=self.spec.action_dim,
-            image_size=self.spec.preprocessing.image_size if self.spec.preprocessing else 0,
-            max_instruction_tokens=config.max_instruction_bytes,
+            max_instruction_bytes=config.max_instruction_bytes,
             random_weights=random_weights,
         )
         self._sessions: dict[str, _RobotSession] = {}
         self._received_ns: dict[str, int] = {}
-        self.stats_counters = CoreStats()
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> ScheduledCore:
@@ -156,7 +148,7 @@ class ScheduledCore:
             max_instruction_bytes=self.config.max_instruction_bytes,
         )
         if failure is not None:
-            self.stats_counters.record_failure(request.robot_id, failure.reason)
+            record_failure(self.scheduler.metrics, request.robot_id, failure.reason)
             return [failure]
         state = request.state if self._info.num_state else None
         layout = self.prompts.build(request.instruction, state=state)
@@ -228,15 +220,6 @@ class ScheduledCore:
         first = times.first_token_ns or admitted
         last = times.finished_ns or times.last_token_ns or first
         actions = self.decoder.decode(req.output_ids).astype(np.float32)
-        itl = [(b - a) / 1e6 for a, b in itertools.pairwise(times.token_ns)]
-        self.stats_counters.record_done(
-            req.robot_id,
-            step_ms=(last - received) / 1e6,
-            ttft_ms=(first - received) / 1e6,
-            itl_ms=itl,
-            num_cached_prefix_tokens=req.num_cached_tokens,
-            late=req.late,
-        )
         return StepResult(
             robot_id=req.robot_id,
             step_seq=req.step_seq,
@@ -253,11 +236,11 @@ class ScheduledCore:
         self._received_ns.pop(req.rid, None)
         finish = req.finished_reason
         abort = finish.abort if finish is not None else None
+        # The scheduler has counted this abort already.
         reason = FAILURE_OF_ABORT.get(abort, FailureReason.INTERNAL_ERROR)
         too_long = len(req.origin_input_ids) + req.max_new_tokens
         if abort is AbortReason.PROMPT_TOO_LONG and too_long <= self.memory.config.max_context_len:
             reason = FailureReason.KV_POOL_FULL  # it fits the context, not the pool
-        self.stats_counters.record_failure(req.robot_id, reason)
         detail = finish.message if finish is not None and finish.message else str(abort)
         if reason is FailureReason.KV_POOL_FULL:
             detail += (
@@ -269,22 +252,19 @@ class ScheduledCore:
         return StepFailure(req.robot_id, req.step_seq, req.stamp_ns or 0, reason, detail)
 
     def stats(self, now_ns: int) -> EngineStats:
-        metrics = self.scheduler.metrics
-        stats = self.stats_counters
-        for robot_id, counters in metrics.robots.items():
-            stats.robot(robot_id).num_retracts = counters.num_retracts
         total = self.memory.allocator.num_pages * self.memory.page_size
         used = total - self.memory.num_free_tokens() - self.memory.evictable_size()
-        return stats.snapshot(
+        chunked = self.scheduler.chunked_req
+        return engine_stats(
+            self.scheduler.metrics,
             now_ns,
             num_waiting=len(self.scheduler.waiting_queue),
             num_running=len(self.scheduler.running_batch.reqs),
-            chunked_rid=self.scheduler.chunked_req.rid if self.scheduler.chunked_req else '',
-            num_retracts_total=metrics.num_retracts_total,
-            num_retracts_window=metrics.num_retracts_in_window(now_ns),
-            num_delayed_prefills=metrics.num_delayed_prefills,
+            chunked_rid=chunked.rid if chunked is not None else '',
             kv_use_percent=100.0 * used / total if total else 0.0,
-            cache_hit_rate=metrics.cache_hit_rate,
+            session_prefix_tokens={
+                s.robot_id: s.locked_len for s in self.memory.sessions.sessions()
+            },
         )
 
     def check_integrity(self) -> None:

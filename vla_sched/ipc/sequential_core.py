@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from vla_sched.ipc.checkpoints import resolve_checkpoint
-from vla_sched.ipc.core_stats import CoreStats
+from vla_sched.ipc.core_stats import engine_info, engine_stats, new_metrics, record_failure
 from vla_sched.ipc.engine_config import EngineConfig
 from vla_sched.ipc.messages import (
     EngineInfo,
@@ -71,20 +71,14 @@ class SequentialCore:
         ).to(self.device)
         self.model.eval()
         self.decoder = self.spec.action_decoder()
-        num_state = 0
-        if self.spec.prompt.state_tokens:
-            num_state = next(iter(self.spec.proprio_statistics.values())).action_dim
-        self._info = EngineInfo(
+        self._info = engine_info(
+            self.spec,
             model_name=str(folder.name),
-            num_state=num_state,
-            action_horizon=self.spec.action_horizon,
-            action_dim=self.spec.action_dim,
-            image_size=self.spec.preprocessing.image_size if self.spec.preprocessing else 0,
-            max_instruction_tokens=config.max_instruction_bytes,
+            max_instruction_bytes=config.max_instruction_bytes,
             random_weights=random_weights,
         )
         self._waiting: OrderedDict[str, StepRequest] = OrderedDict()
-        self.stats_counters = CoreStats()
+        self.metrics = new_metrics()
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> SequentialCore:
@@ -102,7 +96,7 @@ class SequentialCore:
             max_instruction_bytes=self.config.max_instruction_bytes,
         )
         if failure is not None:
-            self.stats_counters.record_failure(request.robot_id, failure.reason)
+            record_failure(self.metrics, request.robot_id, failure.reason)
             return [failure]
         out = []
         older = self._waiting.pop(request.robot_id, None)
@@ -113,7 +107,7 @@ class SequentialCore:
                     f'superseded by step {request.step_seq}',
                 )
             )  # fmt: skip
-            self.stats_counters.record_failure(older.robot_id, FailureReason.SUPERSEDED)
+            record_failure(self.metrics, older.robot_id, FailureReason.SUPERSEDED)
         self._waiting[request.robot_id] = request
         return out
 
@@ -127,7 +121,7 @@ class SequentialCore:
         _, request = self._waiting.popitem(last=False)
         late = now_ns > request.deadline_ns
         if late and self.config.late_policy == 'drop':
-            self.stats_counters.record_failure(request.robot_id, FailureReason.DEADLINE_MISSED)
+            record_failure(self.metrics, request.robot_id, FailureReason.DEADLINE_MISSED)
             return [
                 StepFailure(
                     request.robot_id, request.step_seq, request.stamp_ns,
@@ -165,14 +159,14 @@ class SequentialCore:
         decode_ms = (end - stamps[1]) * 1e3
         done_ns = time.time_ns()
         late = done_ns > request.deadline_ns
-        self.stats_counters.record_done(
-            request.robot_id,
-            step_ms=(done_ns - request.received_ns) / 1e6,
-            ttft_ms=queue_ms + prefill_ms,
-            itl_ms=[(b - a) * 1e3 for a, b in itertools.pairwise(stamps[1:-1])],
-            num_cached_prefix_tokens=0,
-            late=late,
-        )
+        robot = request.robot_id
+        self.metrics.record_first_token(robot, int((queue_ms + prefill_ms) * 1e6))
+        for a, b in itertools.pairwise(stamps[1:-1]):
+            self.metrics.record_itl(robot, int((b - a) * 1e9))
+        self.metrics.record_cache_hit(robot, 0, len(layout.token_ids))
+        self.metrics.record_step_done(robot, done_ns - request.received_ns)
+        if late:
+            self.metrics.record_deadline_miss(robot)
         return StepResult(
             robot_id=request.robot_id,
             step_seq=request.step_seq,
@@ -186,16 +180,13 @@ class SequentialCore:
         )
 
     def stats(self, now_ns: int) -> EngineStats:
-        return self.stats_counters.snapshot(
+        return engine_stats(
+            self.metrics,
             now_ns,
             num_waiting=len(self._waiting),
             num_running=0,
             chunked_rid='',
-            num_retracts_total=0,
-            num_retracts_window=0,
-            num_delayed_prefills=0,
             kv_use_percent=0.0,
-            cache_hit_rate=0.0,
         )
 
     def close(self) -> None:
