@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from sched_testing import (  # noqa: F401
+    admit_running,
     clone_req,
     expected_outputs,
     launched,
@@ -13,8 +14,10 @@ from sched_testing import (  # noqa: F401
     single_torch_thread,
 )
 
-from vla_sched.engine.request import FinishKind
-from vla_sched.engine.schedule_batch import FUTURE_TOKEN_ID
+from vla_sched.engine.batch_results import ResultProcessor
+from vla_sched.engine.forward_batch import ForwardOutput
+from vla_sched.engine.request import FinishKind, FinishReason
+from vla_sched.engine.schedule_batch import FUTURE_TOKEN_ID, ScheduleBatch
 from vla_sched.engine.sim_runner import CostModel
 
 MS = 1_000_000
@@ -152,3 +155,47 @@ def test_latency_counters_follow_the_simulated_clock() -> None:
     assert robot.itl.percentile_ms(99) == pytest.approx(2.0)
     assert robot.step_latency.max_ms() == pytest.approx(11.0)
     assert req.times.token_ns == [5 * MS, 7 * MS, 9 * MS, 11 * MS]
+
+
+def _processor(sched) -> ResultProcessor:
+    return ResultProcessor(
+        memory=sched.memory, metrics=sched.metrics, clock=sched.clock, finish=sched.finish
+    )
+
+
+def test_results_of_rows_retracted_or_finished_after_launch_are_skipped() -> None:
+    sched = make_scheduler()
+    retracted = make_req('re', range(10, 14), 5)
+    readmitted = make_req('ad', range(20, 24), 5)
+    finished = make_req('fi', range(30, 34), 5)
+    reqs = (retracted, readmitted, finished)
+    for req in reqs:
+        admit_running(sched.memory, req, num_outputs=1)
+    batch = ScheduleBatch(list(reqs))
+    batch.prepare_for_decode(sched.memory)
+    snapshot = batch.copy()
+    for req in (retracted, readmitted):
+        sched.memory.retract(req.kv)
+        req.reset_for_retract()
+    admit_running(sched.memory, readmitted, num_outputs=0)  # back in, prefilled again
+    finished.finished_reason = FinishReason.length()
+    _processor(sched).process(snapshot, ForwardOutput((1001, 1002, 1003)))
+    assert [r.output_ids for r in reqs] == [[1000], [1000], [1000]]
+
+
+def test_a_middle_chunk_only_counts_down_and_a_final_row_caches_the_prompt() -> None:
+    sched = make_scheduler(page_size=2)
+    req = make_req('c', range(10, 17), 3)
+    sched.memory.match_prefix(req.kv)
+    sched.memory.admit(req.kv)
+    req.set_extend_range(0, 4)
+    req.inflight_middle_chunks = 1
+    batch = ScheduleBatch([req])
+    batch.prepare_for_extend(sched.memory)
+    _processor(sched).process(batch.copy(), ForwardOutput((-1,)))
+    assert (req.inflight_middle_chunks, req.output_ids) == (0, [])
+    req.set_extend_range(4, 7)
+    batch.prepare_for_extend(sched.memory)
+    _processor(sched).process(batch.copy(), ForwardOutput((1005,)))
+    assert req.output_ids == [1005]
+    assert req.kv.cache_protected_len == 6  # the page-aligned prompt is in the tree

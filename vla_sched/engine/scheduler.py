@@ -206,6 +206,8 @@ class Scheduler:
         self._process_pending_chunked_abort()
         expire_requests(self, now)
         self._merge_last_prefill()
+        if self.running_batch.is_empty():
+            self.running_batch.batch_is_full = False
         batch = self.prefill.build(now)
         if batch is None and not self.running_batch.is_empty():
             self._update_running_batch(now)
