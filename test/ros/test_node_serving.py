@@ -48,7 +48,6 @@ def _params() -> dict:
         },
         'engine': {
             'mode': 'process',
-            'core': 'sequential',
             'device': 'cpu',
             'heartbeat_timeout_s': 5.0,
             'restart_delay_s': 0.5,

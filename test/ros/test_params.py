@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -79,11 +80,14 @@ def test_the_params_file_builds_a_valid_config_and_engine_settings():
     assert config.robot('robot_0').priority == 1
     assert config.robot('robot_1').state_joint_names == ()
     engine = EngineConfig.from_mapping(config.engine_config())
+    assert engine.robots == {}  # priorities travel only when priority scheduling is on
+    assert engine.stats_period_s == config.diagnostics.period_s
+    link = dataclasses.replace(config.link, engine={**config.link.engine, 'enable_priority': True})
+    engine = EngineConfig.from_mapping(dataclasses.replace(config, link=link).engine_config())
     assert engine.robots == {
         'robot_0': {'priority': 1},
         **{f'robot_{i}': {'priority': 0} for i in (1, 2, 3)},
     }
-    assert engine.stats_period_s == config.diagnostics.period_s
 
 
 @pytest.mark.parametrize(
@@ -120,6 +124,8 @@ def test_node_level_settings_are_checked_as_a_whole():
         EngineLinkConfig(heartbeat_period_s=1.0, heartbeat_timeout_s=1.0)
     with pytest.raises(ConfigError, match='set by the node'):
         EngineLinkConfig(engine={'robots': {}})
+    with pytest.raises(ConfigError, match='fcfs or lof'):
+        EngineLinkConfig(engine={'enable_priority': True, 'policy': 'lpm'})
     with pytest.raises(ConfigError, match='rate_warn_fraction must be <= 1'):
         DiagnosticsConfig(rate_warn_fraction=1.5)
 

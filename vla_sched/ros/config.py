@@ -177,6 +177,11 @@ class EngineLinkConfig:
         reserved = set(NODE_SET_ENGINE_KEYS) & set(self.engine)
         if reserved:
             raise ConfigError(f'engine settings {sorted(reserved)} are set by the node')
+        policy = self.engine.get('policy', 'fcfs')
+        if self.engine.get('enable_priority') and policy not in ('fcfs', 'lof'):
+            raise ConfigError(
+                f'scheduler.enable_priority works with policy fcfs or lof, not {policy!r}'
+            )
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,9 +223,15 @@ class FrontendConfig:
         raise KeyError(robot_id)
 
     def engine_config(self) -> dict[str, Any]:
-        """The engine's settings mapping: the node's engine section plus robots and limits."""
+        """The engine's settings mapping: the node's engine section plus robots and limits.
+
+        Robot priorities are sent only when priority scheduling is on (the scheduler refuses
+        priorities it would not use).
+        """
         out = dict(self.link.engine)
-        out['robots'] = {r.robot_id: {'priority': r.priority} for r in self.robots}
+        out['robots'] = {}
+        if out.get('enable_priority'):
+            out['robots'] = {r.robot_id: {'priority': r.priority} for r in self.robots}
         out['stats_period_s'] = self.diagnostics.period_s
         out['max_instruction_bytes'] = self.max_instruction_bytes
         out['late_policy'] = self.late_policy

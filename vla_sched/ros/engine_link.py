@@ -3,8 +3,8 @@
 ``EngineLink`` wraps an ``EngineClient`` with the life cycle the node needs. An engine is
 ready once its ``EngineInfo`` came and its heartbeats keep coming; it is dead when they stop
 (or it was not ready within ``start_timeout_s``), and a dead engine is restarted after
-``restart_delay_s``. ``poll`` reports each death once, so the node can end the steps that
-were in flight and never publish their results.
+``restart_delay_s``; so is one that failed while starting. ``poll`` reports each death once,
+so the node can end the steps that were in flight and never publish their results.
 """
 
 from __future__ import annotations
@@ -39,6 +39,8 @@ class EngineClientLike(Protocol):
     def heartbeat_age_s(self) -> float: ...
     @property
     def pid(self) -> int | None: ...
+    @property
+    def failure(self) -> str: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,10 +120,12 @@ class EngineLink:
         if self.state == STARTING:
             if self.client.info is not None and self.client.alive:
                 self._enter(READY)
+            elif self.client.failure:
+                died = f'failed to start: {self.client.failure}'
             elif now - self._state_since_s > self.config.start_timeout_s:
                 died = f'not ready {self.config.start_timeout_s:.0f} s after start'
         elif self.state == READY and not self.client.alive:
-            died = f'no heartbeat for {self.client.heartbeat_age_s:.2f} s'
+            died = self.client.failure or f'no heartbeat for {self.client.heartbeat_age_s:.2f} s'
         elif self.state == DEAD and now - self._state_since_s >= self.config.restart_delay_s:
             self.num_restarts += 1
             self.client.restart()
