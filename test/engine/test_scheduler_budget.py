@@ -144,3 +144,25 @@ def test_the_ratio_decays_per_decode_step_and_resets_when_idle() -> None:
     run_until_idle(sched)
     sched.run_once()  # nothing to run: idle
     assert tracker.current == tracker.init
+
+
+@pytest.mark.parametrize(
+    ('interval', 'modes'),
+    [
+        (0, ['extend', 'extend', 'extend', 'extend', 'decode', 'decode']),
+        (1, ['extend', 'decode', 'extend', 'decode', 'extend', 'decode']),
+    ],
+)
+def test_a_prefill_decode_interval_lets_running_requests_decode_between_chunks(
+    interval: int, modes: list[str]
+) -> None:
+    sched = make_scheduler(chunked_prefill_size=4, prefill_decode_interval=interval)
+    running = make_req('run', range(10, 13), 6)
+    sched.add_request(running)
+    sched.run_once()
+    long = make_req('long', range(20, 32), 2)
+    sched.add_request(long)
+    run_until_idle(sched)
+    assert [mode for mode, _ in launched(sched)][:6] == modes
+    assert running.output_ids == expected_outputs(running)
+    assert long.output_ids == expected_outputs(long)

@@ -41,17 +41,19 @@ def test_near_done_decodes_delay_for_at_most_max_delay_passes_minus_one() -> Non
     ]
 
 
-def test_a_running_request_far_from_done_lets_the_prefill_through() -> None:
+def test_only_a_running_request_close_to_done_holds_the_prefill() -> None:
     delayer = _delayer(near_done_decode_tokens=3)
-    assert _decide(delayer, [_running(2), _running(4)]) is DelayDecision.NO_WAIT
-    assert _decide(delayer, [_running(2)]) is DelayDecision.DELAY
-    assert _decide(delayer, [_running(2), _running(9)]) is DelayDecision.WAIT_SUCCESS
+    assert _decide(delayer, [_running(4), _running(9)]) is DelayDecision.NO_WAIT
+    assert _decide(delayer, [_running(9), _running(3)]) is DelayDecision.DELAY
+    assert _decide(delayer, [_running(4)]) is DelayDecision.WAIT_SUCCESS
+
+
+def test_near_done_is_off_by_default() -> None:
+    assert _decide(_delayer(), [_running(1)]) is DelayDecision.NO_WAIT
 
 
 def test_low_kv_headroom_delays_and_the_low_watermark_always_allows() -> None:
-    delayer = _delayer(
-        near_done_decode_tokens=None, token_usage_high_watermark=0.8, token_usage_low_watermark=0.3
-    )
+    delayer = _delayer(token_usage_high_watermark=0.8, token_usage_low_watermark=0.3)
     far = [_running(9)]
     assert _decide(delayer, far, usage=0.85) is DelayDecision.DELAY
     assert _decide(delayer, far, usage=0.5) is DelayDecision.WAIT_SUCCESS

@@ -11,9 +11,12 @@ triggers for two robot ones:
 
 * low KV headroom: usage ``1 - (free + evictable) / total`` above
   ``token_usage_high_watermark``; admitting now would push running decodes into retract;
-* running decodes close to done: every running request has at most
-  ``near_done_decode_tokens`` tokens left, so waiting a few passes lets them all finish
-  and the prefill then starts a full new batch.
+* a running decode close to done: some running request has at most
+  ``near_done_decode_tokens`` tokens left, so it finishes its step without a prefill
+  stalling its last tokens. Off by default: in the scheduler simulation
+  (``bench/sim_scheduler.py``) it raised deadline misses, because delayed prefills pile
+  up and then stall everyone at once. ``SchedulerConfig.prefill_decode_interval`` is the
+  lever that bounds the inter-token-latency jump.
 
 With nothing running there is nobody to protect, so a prefill is always allowed.
 """
@@ -85,7 +88,7 @@ class PrefillDelayer:
         if high is not None and token_usage > high:
             return True
         near = cfg.near_done_decode_tokens
-        return near is not None and max(r.num_remaining_tokens for r in running) <= near
+        return near is not None and min(r.num_remaining_tokens for r in running) <= near
 
     def _allow(self, decision: DelayDecision) -> DelayDecision:
         self.delayed_count = 0

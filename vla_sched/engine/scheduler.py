@@ -9,8 +9,10 @@ of the next step). ``get_next_batch_to_run`` runs, in SGLang's order:
 2. the chunked request's computed prefix enters the tree; the last prefill batch (minus
    finished and chunked rows) merges into the running batch;
 3. a new prefill batch (``prefill_pass``: chunked request first, then the sorted queue
-   through the ``PrefillAdder``, the prefill delayer and priority preemption);
-4. else a decode step of the running batch, after the decode memory check (and retract).
+   through the ``PrefillAdder``, the prefill delayer and priority preemption), unless
+   ``prefill_decode_interval`` passes of decoding are due after the last prefill;
+4. else a decode step of the running batch (``decode_pass``: the decode memory check and
+   retract).
 
 A caller (the engine core) uses: ``add_request``, ``abort``, ``close_session``,
 ``run_once`` (one loop iteration; returns the requests that ended), ``has_work``,
@@ -30,10 +32,10 @@ Differences from SGLang, on purpose (robot rules are in ``robot_rules``):
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 
 from vla_sched.engine.batch_results import ResultProcessor
+from vla_sched.engine.decode_pass import update_running_batch
 from vla_sched.engine.expiry import expire_requests
 from vla_sched.engine.forward_batch import ModelRunner
 from vla_sched.engine.intake import (
@@ -54,8 +56,6 @@ from vla_sched.engine.robot_rules import RobotRules
 from vla_sched.engine.schedule_batch import ScheduleBatch
 from vla_sched.engine.scheduler_config import SchedulerConfig, ms_to_ns
 from vla_sched.engine.scheduler_integrity import check_scheduler_integrity
-
-logger = logging.getLogger(__name__)
 
 
 class Scheduler:
@@ -93,6 +93,7 @@ class Scheduler:
         self.chunked_req: Req | None = None
         self.last_batch: ScheduleBatch | None = None
         self.pending_chunked_abort: FinishReason | None = None
+        self._prefill_skips_left = 0
         self.new_token_ratio = NewTokenRatioTracker(config)
         self.robots = RobotRules(late_policy=config.late_policy)
         self.metrics = SchedulerMetrics(
@@ -208,15 +209,24 @@ class Scheduler:
         self._merge_last_prefill()
         if self.running_batch.is_empty():
             self.running_batch.batch_is_full = False
-        batch = self.prefill.build(now)
-        if batch is None and not self.running_batch.is_empty():
-            self._update_running_batch(now)
+        batch = None if self._defer_prefill() else self.prefill.build(now)
+        if batch is not None:
+            self._prefill_skips_left = self.config.prefill_decode_interval
+        elif not self.running_batch.is_empty():
+            update_running_batch(self, now)
             if not self.running_batch.is_empty():
                 batch = self.running_batch
         if batch is None:
             self._abort_unservable_head()
         self._update_gauges()
         return batch
+
+    def _defer_prefill(self) -> bool:
+        """Whether this pass decodes instead of prefilling (``prefill_decode_interval``)."""
+        if self._prefill_skips_left <= 0:
+            return False
+        self._prefill_skips_left -= 1
+        return not self.running_batch.is_empty()
 
     def on_idle(self) -> None:
         if self.is_fully_idle():
@@ -253,51 +263,6 @@ class Scheduler:
             self.running_batch.batch_is_full = False
         self.running_batch.merge_batch(last)
         last.reqs = []
-
-    def _update_running_batch(self, now: int) -> None:
-        batch = self.running_batch
-        initial_size = len(batch)
-        batch.filter_batch()
-        if batch.is_empty():
-            batch.batch_is_full = False
-            return
-        if not batch.check_decode_mem(self.memory):
-            self._retract(batch, now)
-        else:
-            self.new_token_ratio.decay_step()
-        if len(batch) < initial_size:
-            batch.batch_is_full = False
-        if not batch.is_empty():
-            batch.prepare_for_decode(self.memory)
-            self.metrics.num_decode_batches += 1
-
-    def _retract(self, batch: ScheduleBatch, now: int) -> None:
-        old_ratio = self.new_token_ratio.current
-        result = batch.retract_decode(
-            self.memory,
-            retraction_policy=self.config.retraction_policy,
-            priority_sign=self.config.priority_sign,
-            retract_decode_steps=self.config.retract_decode_steps,
-        )
-        new_ratio = self.new_token_ratio.set_after_retract(batch.reqs)
-        logger.warning(
-            'KV pool full: retracted %s, out of memory %s; new_token_ratio %.4f -> %.4f; '
-            'free %d, evictable %d, protected %d tokens',
-            [r.rid for r in result.retracted],
-            [r.rid for r in result.to_abort],
-            old_ratio,
-            new_ratio,
-            self.memory.num_free_tokens(),
-            self.memory.evictable_size(),
-            self.memory.protected_size(),
-        )
-        for req in result.retracted:
-            self.robots.stop(req)
-            self.metrics.record_retract(req.robot_id, now)
-            self.add_to_queue(req, is_new=False)
-        for req in result.to_abort:
-            text = f'{req.describe()}: out of memory even after retracting all other requests'
-            self.finish(req, FinishReason.aborted(AbortReason.OUT_OF_MEMORY, text), insert=False)
 
     def _abort_unservable_head(self) -> None:
         head = self.prefill.refused_head

@@ -41,8 +41,8 @@ class PrefillDelayerConfig:
             (SGLang's force-allow); None: off.
         token_usage_high_watermark: above this KV usage (low headroom) new prefills wait
             for running decodes to finish; None: off.
-        near_done_decode_tokens: new prefills wait while every running request has at
-            most this many tokens left to decode; None: off.
+        near_done_decode_tokens: new prefills wait while some running request has at
+            most this many tokens left to decode; None: off (the default).
     """
 
     enabled: bool = False
@@ -50,7 +50,7 @@ class PrefillDelayerConfig:
     max_delay_ms: float = DEFAULT_PREFILL_DELAYER_MAX_DELAY_MS
     token_usage_low_watermark: float | None = None
     token_usage_high_watermark: float | None = 0.9
-    near_done_decode_tokens: int | None = 8
+    near_done_decode_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if self.max_delay_passes < 1:
@@ -85,6 +85,9 @@ class SchedulerConfig:
         chunked_prefill_size: chunk token budget per pass (a multiple of the page size);
             None: chunking off.
         prefill_max_requests: requests per prefill batch; None: no cap.
+        prefill_decode_interval: after a prefill step, this many passes decode only (when
+            something is decoding), so consecutive chunks cannot stall running robots
+            for more than one chunk at a time (SGLang's ``--prefill-decode-interval``).
         enable_priority_scheduling: sort and preempt by priority (fcfs and lof only).
         schedule_low_priority_values_first: smaller numbers are more important.
         priority_scheduling_preemption_threshold: a waiting request preempts a running one
@@ -119,6 +122,7 @@ class SchedulerConfig:
     max_prefill_tokens: int = DEFAULT_MAX_PREFILL_TOKENS
     chunked_prefill_size: int | None = DEFAULT_CHUNKED_PREFILL_SIZE
     prefill_max_requests: int | None = None
+    prefill_decode_interval: int = 0
     enable_priority_scheduling: bool = False
     schedule_low_priority_values_first: bool = False
     priority_scheduling_preemption_threshold: int = DEFAULT_PREEMPTION_THRESHOLD
@@ -196,7 +200,11 @@ class SchedulerConfig:
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f'{name} must be a positive int, got {value!r}')
-        for name in ('retract_decode_steps', 'priority_scheduling_preemption_threshold'):
+        for name in (
+            'retract_decode_steps',
+            'priority_scheduling_preemption_threshold',
+            'prefill_decode_interval',
+        ):
             if getattr(self, name) < 0:
                 raise ValueError(f'{name} must be >= 0, got {getattr(self, name)}')
         for name in ('waiting_timeout_ms', 'running_timeout_ms', 'retract_window_ms'):
