@@ -55,10 +55,10 @@ class Scenario:
     """The simulated deployment."""
 
     num_robots: int = 8
-    rate_hz: float = 3.0
-    duration_s: float = 10.0
+    rate_hz: float = 2.0
+    duration_s: float = 20.0
     deadline_ms: float = 400.0
-    pool_tokens: int = 2048
+    pool_tokens: int = 4096
     page_size: int = 16
     max_running: int = 16
     chunked_prefill_size: int = 256
@@ -290,6 +290,10 @@ def format_row(s: Summary) -> str:
     return '| ' + ' | '.join(cells) + ' |'
 
 
+def _or_off(value: float | None) -> float:
+    return -1 if value is None else value
+
+
 def _parse(argv: list[str] | None) -> tuple[Scenario, list[Variant]]:
     base = Scenario()
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
@@ -306,14 +310,14 @@ def _parse(argv: list[str] | None) -> tuple[Scenario, list[Variant]]:
     parser.add_argument(
         '--delayer-near-done',
         type=int,
-        default=base.delayer.near_done_decode_tokens,
+        default=_or_off(base.delayer.near_done_decode_tokens),
         help='near_done_decode_tokens of the prefill delayer (-1: off)',
     )
     parser.add_argument('--delayer-max-passes', type=int, default=base.delayer.max_delay_passes)
     parser.add_argument(
         '--delayer-high-watermark',
         type=float,
-        default=base.delayer.token_usage_high_watermark,
+        default=_or_off(base.delayer.token_usage_high_watermark),
         help='token_usage_high_watermark of the prefill delayer (-1: off)',
     )
     parser.add_argument('--no-overlap-row', action='store_true', help='skip the overlap-off row')
