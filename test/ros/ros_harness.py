@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import cv2
 import numpy as np
 import rclpy
 import yaml
@@ -25,7 +26,7 @@ from diagnostic_msgs.msg import DiagnosticArray
 from rclpy.executors import SingleThreadedExecutor
 from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
 from rclpy.qos import qos_profile_sensor_data as sensor_qos
-from sensor_msgs.msg import Image, JointState
+from sensor_msgs.msg import CompressedImage, Image, JointState
 from std_msgs.msg import String
 from trajectory_msgs.msg import JointTrajectory
 
@@ -68,13 +69,14 @@ class NodeProcess:
 class Harness:
     """Plays the robots and records what the node publishes (see the module docstring)."""
 
-    def __init__(self, robot_ids: list[str]) -> None:
+    def __init__(self, robot_ids: list[str], *, compressed: tuple[str, ...] = ()) -> None:
         self.context = rclpy.Context()
         rclpy.init(args=[], context=self.context)
         self.node = rclpy.create_node('vla_sched_test_robots', context=self.context)
         self.executor = SingleThreadedExecutor(context=self.context)
         self.executor.add_node(self.node)
         self.robot_ids = robot_ids
+        self.compressed = compressed
         self.chunks: dict[str, list[tuple[int, ActionChunk]]] = defaultdict(list)
         self.rejected: dict[str, list[tuple[int, StepRejected]]] = defaultdict(list)
         self.trajectories: dict[str, list[JointTrajectory]] = defaultdict(list)
@@ -90,7 +92,12 @@ class Harness:
 
     def _robot(self, rid: str) -> None:
         node = self.node
-        self.images[rid] = node.create_publisher(Image, f'/{rid}/camera/image_raw', sensor_qos)
+        if rid in self.compressed:
+            topic = f'/{rid}/camera/image_raw/compressed'
+            self.images[rid] = node.create_publisher(CompressedImage, topic, sensor_qos)
+        else:
+            topic = f'/{rid}/camera/image_raw'
+            self.images[rid] = node.create_publisher(Image, topic, sensor_qos)
         self.joints[rid] = node.create_publisher(JointState, f'/{rid}/joint_states', sensor_qos)
         self.instructions[rid] = node.create_publisher(String, f'/{rid}/vla/instruction', LATCHED)
         node.create_subscription(
@@ -161,11 +168,19 @@ class Harness:
         self.images[rid].publish(msg)
 
     def publish_frame(self, rid: str, *, stamp_ns: int | None = None, size: int = 32) -> int:
-        """A synthetic rgb8 frame stamped ``stamp_ns`` (now by default); returns the stamp."""
+        """A synthetic frame (rgb8, or PNG for compressed robots) stamped ``stamp_ns`` (now by
+        default); returns the stamp."""
         stamp_ns = _now() if stamp_ns is None else stamp_ns
         frame = synthetic_frame(self._frames[rid], width=size, height=size)
         self._frames[rid] += 1
-        self.images[rid].publish(rgb_to_image(frame, stamp=ns_to_stamp(stamp_ns)))
+        if rid in self.compressed:
+            ok, png = cv2.imencode('.png', np.ascontiguousarray(frame[..., ::-1]))
+            assert ok
+            msg = CompressedImage(format='png', data=png.tobytes())
+            msg.header.stamp = ns_to_stamp(stamp_ns)
+        else:
+            msg = rgb_to_image(frame, stamp=ns_to_stamp(stamp_ns))
+        self.images[rid].publish(msg)
         return stamp_ns
 
     def publish_joints(self, rid: str, names=JOINTS, positions=None) -> None:

@@ -1,7 +1,8 @@
 """The node in its own process, its engine in another, four robots over real DDS.
 
 One node serves the whole module; the tests run in order: a single image's chunk, four
-robots at once, the diagnostics, malformed inputs, and last, killing the engine.
+robots at once (robot_2 sends compressed PNG images), the diagnostics, malformed inputs,
+and last, killing the engine.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ def _params() -> dict:
             'state_joint_names': list(JOINTS),
         },
         'robots': {
+            'robot_2': {'image_transport': 'compressed'},
             'robot_1': {
                 'action_space': 'joint_position',
                 'action_joint_names': TRAJECTORY_JOINTS,
@@ -60,7 +62,7 @@ def _params() -> dict:
 @pytest.fixture(scope='module')
 def served(tmp_path_factory):
     node = NodeProcess(tmp_path_factory.mktemp('serving'), _params())
-    harness = Harness(ROBOTS)
+    harness = Harness(ROBOTS, compressed=('robot_2',))
     try:
         assert harness.wait_matched(60), node.log()
         ready = harness.wait_status(
@@ -246,7 +248,7 @@ def test_killing_the_engine_turns_the_scheduler_error_and_the_node_recovers(serv
 
     def restarted(status) -> bool:
         values = values_of(status)
-        return values['engine state'] == 'ready' and values['engine restarts'] == '1'
+        return values['engine state'] == 'ready' and int(values['engine restarts']) >= 1
 
     recovered = harness.wait_status(SCHEDULER, restarted, 180, after_ns=kill_ns)
     assert recovered is not None, node.log()[-3000:]
