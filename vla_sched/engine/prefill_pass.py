@@ -2,11 +2,11 @@
 
 Order: early exits (batch full or nothing waiting and no chunked request; no request slot
 left) -> sort the queue by policy -> resume the chunked request -> for each waiting
-request: skip it while its robot has a step in flight; ask the prefill delayer once; mark
-the batch full when the request slots are spent (then only priority preemption can make
-room); match its prefix in the tree; offer it to the adder; stop at the first refusal ->
-take the admitted requests out of the queue, re-queue the preempted ones, install a new
-chunked request, allocate the batch's KV.
+request: skip it while its robot has a step in flight; mark the batch full when the
+request slots are spent (then only priority preemption can make room); ask the prefill
+delayer (once per pass); match its prefix in the tree; offer it to the adder; stop at the
+first refusal -> take the admitted requests out of the queue, re-queue the preempted
+ones, install a new chunked request, allocate the batch's KV.
 """
 
 from __future__ import annotations
@@ -105,16 +105,16 @@ class PrefillPass:
         for req in list(s.waiting_queue):
             if s.robots.is_busy(req):
                 continue
-            if not decided:
-                decided = True
-                if not self._prefill_allowed(now):
-                    return
             if len(adder.can_run_list) >= self._num_allocatable(num_rows_taken):
                 running.batch_is_full = True
             if running.batch_is_full and not (
                 preemption and adder.preempt_to_schedule(req, running)
             ):
                 return
+            if not decided:
+                decided = True
+                if not self._prefill_allowed(now):
+                    return
             s.memory.match_prefix(req.kv)
             result = adder.add_one_req(req)
             admitted = bool(adder.can_run_list) and adder.can_run_list[-1] is req

@@ -18,6 +18,8 @@ import enum
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
+import torch
+
 from vla_sched.engine.forward_batch import ImageInput, SamplingParams
 from vla_sched.engine.req_kv import ReqKV
 
@@ -160,6 +162,11 @@ class Req:
             raise ValueError(f'request {self.rid!r}: {exc}') from None
 
     # ---- tokens ----------------------------------------------------------------------
+
+    @property
+    def prefix_indices(self) -> torch.Tensor:
+        """KV slots of the reusable prefix (``req.kv.prefix_indices``)."""
+        return self.kv.prefix_indices
 
     @property
     def num_fill_tokens(self) -> int:
