@@ -26,6 +26,8 @@ from typing import Any
 
 import yaml
 
+from vla_sched.ros.diagnostics import SCHEDULER_STATUS_NAME
+
 
 def params_file(args: argparse.Namespace, folder: Path) -> Path:
     """Write the node's parameters for this demo and return the file."""
@@ -62,6 +64,7 @@ class DiagnosticsWatch:
         rclpy.init(args=[], context=self.context)
         self.node = rclpy.create_node('vla_sched_demo', context=self.context)
         self.statuses: dict[str, tuple[int, str, dict[str, str]]] = {}
+        self.scheduler_history: list[tuple[float, int, dict[str, str]]] = []  # (monotonic, ...)
         self.node.create_subscription(DiagnosticArray, '/diagnostics', self._on_array, 10)
         from rclpy.executors import SingleThreadedExecutor
 
@@ -72,6 +75,8 @@ class DiagnosticsWatch:
         for status in msg.status:
             values = {kv.key: kv.value for kv in status.values}
             self.statuses[status.name] = (status.level[0], status.message, values)
+            if status.name == SCHEDULER_STATUS_NAME:
+                self.scheduler_history.append((time.monotonic(), status.level[0], values))
 
     def spin(self, seconds: float) -> None:
         end = time.monotonic() + seconds
@@ -79,7 +84,7 @@ class DiagnosticsWatch:
             self.executor.spin_once(timeout_sec=max(0.0, min(0.1, end - time.monotonic())))
 
     def scheduler(self) -> tuple[int, str, dict[str, str]] | None:
-        return self.statuses.get('vla_sched: scheduler')
+        return self.statuses.get(SCHEDULER_STATUS_NAME)
 
     def close(self) -> None:
         self.executor.shutdown()
@@ -239,12 +244,41 @@ def run(args: argparse.Namespace) -> int:
         stop(node)
 
 
+def kill_engine(watch: DiagnosticsWatch) -> float | None:
+    """SIGKILL the engine process named on /diagnostics; returns when (monotonic), or None."""
+    status = watch.scheduler()
+    pid = status[2].get('engine pid', '') if status else ''
+    if not pid.isdigit():
+        print('demo: no engine process to kill (in-process engine?)', file=sys.stderr)
+        return None
+    os.kill(int(pid), signal.SIGKILL)
+    print(f'demo: killed the engine process {pid}', flush=True)
+    return time.monotonic()
+
+
+def recovery_report(watch: DiagnosticsWatch, killed_at: float) -> str:
+    """How long /diagnostics took to show the dead engine as ERROR, and to show it ready."""
+    after = [(t, level, v) for t, level, v in watch.scheduler_history if t >= killed_at]
+    error = next((t for t, level, _ in after if level == 2), None)
+    if error is None:
+        return 'engine kill: no ERROR status seen'
+    ready = next((t for t, _, v in after if t > error and v.get('engine state') == 'ready'), None)
+    text = f'engine kill: scheduler ERROR on /diagnostics after {error - killed_at:.2f} s'
+    if ready is None:
+        return text + '; not ready again before the end'
+    return text + f'; ready again after {ready - killed_at:.2f} s'
+
+
 def drive(args: argparse.Namespace, watch: DiagnosticsWatch, env: dict[str, str]) -> int:
     robot_ids = [f'robot_{i}' for i in range(args.robots)]
     fleet = SimFleet(args, env)
     start = time.monotonic()
+    killed_at = None
     while fleet.running():
         watch.spin(1.0)
+        due = args.kill_engine_at is not None and time.monotonic() - start >= args.kill_engine_at
+        if due and killed_at is None:
+            killed_at = kill_engine(watch) or float('nan')
         print(f'\n--- t = {time.monotonic() - start:5.1f} s', flush=True)
         print(robot_table(fleet.latest, robot_ids, 1.0 / args.period))
         print(scheduler_line(watch), flush=True)
@@ -253,6 +287,8 @@ def drive(args: argparse.Namespace, watch: DiagnosticsWatch, env: dict[str, str]
     print(f'\n=== summary: {args.robots} robots, {args.duration:.0f} s (rate: mean over the run)')
     print(robot_table(fleet.latest, robot_ids, 1.0 / args.period, rate_key='mean_rate_hz'))
     print(scheduler_line(watch))
+    if killed_at is not None and killed_at == killed_at:  # not NaN
+        print(recovery_report(watch, killed_at))
     if total == 0:
         print('demo: FAILED: no action chunk arrived at any robot', file=sys.stderr)
         return 1
@@ -273,6 +309,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument('--device', choices=('auto', 'cpu', 'cuda'), default='auto')
     parser.add_argument('--heartbeat-timeout', type=float, default=3.0)
     parser.add_argument('--start-timeout', type=float, default=300.0)
+    parser.add_argument(
+        '--kill-engine-at',
+        type=float,
+        default=None,
+        help='SIGKILL the engine process this many seconds into the run (process mode)',
+    )
     args = parser.parse_args(argv)
     if args.robots < 1 or args.duration <= 0 or args.period <= 0:
         parser.error('--robots, --duration and --period must be positive')
