@@ -138,7 +138,9 @@ def test_the_python_launch_file_starts_the_node_with_the_params_file_and_namespa
     calls = {_kwargs(c)['executable'].value: _kwargs(c) for c in _py_calls(PY_FILE, 'Node')}
     node = calls['vla_sched_node']
     assert node['name'].value == 'vla_sched'
-    assert [e.id for e in node['parameters'].elts] == ['params_file']
+    assert [ast.unparse(e) for e in node['parameters'].elts] == [
+        "LaunchConfiguration('params_file')"
+    ]
     assert node['namespace'].id == 'namespace'
     assert 'condition' in calls['aggregator_node']
     assert _py_share_paths(PY_FILE) == {
