@@ -26,7 +26,10 @@ class EngineConfig:
 
     ``model_path`` empty means the built-in tiny random checkpoint (built on first use; its
     actions are meaningless). ``core`` 'sequential' runs one step at a time with no batching
-    (the way single-robot VLA servers work), for comparison.
+    (the way single-robot VLA servers work), for comparison. ``prefill_decode_interval``
+    decode-only passes follow each prefill, so a new image cannot stall robots mid-decode
+    for more than one prefill at a time (0: SGLang's prefill-first). ``cpu_threads`` is
+    torch's thread count when the model runs on the CPU (small models run fastest on one).
     """
 
     model_path: str = ''
@@ -40,7 +43,9 @@ class EngineConfig:
     kv_pool_tokens: int = 16384
     max_running_requests: int = 64
     enable_prefill_delayer: bool = True
+    prefill_decode_interval: int = 1
     enable_overlap: bool = True
+    cpu_threads: int = 1
     late_policy: str = 'drop'
     max_instruction_bytes: int = 1024
     stats_period_s: float = 1.0
@@ -65,6 +70,7 @@ class EngineConfig:
             'kv_pool_tokens',
             'max_running_requests',
             'max_instruction_bytes',
+            'cpu_threads',
         ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -74,6 +80,9 @@ class EngineConfig:
                 f'kv_pool_tokens ({self.kv_pool_tokens}) is smaller than one page '
                 f'({self.page_size})'
             )
+        interval = self.prefill_decode_interval
+        if isinstance(interval, bool) or not isinstance(interval, int) or interval < 0:
+            raise EngineConfigError(f'prefill_decode_interval must be >= 0, got {interval!r}')
         if not self.stats_period_s > 0:
             raise EngineConfigError(f'stats_period_s must be > 0, got {self.stats_period_s!r}')
         for robot_id, settings in self.robots.items():

@@ -133,6 +133,7 @@ class ScheduledCore:
             late_policy=c.late_policy,
             enable_overlap=c.enable_overlap,
             prefill_delayer=PrefillDelayerConfig(enabled=c.enable_prefill_delayer),
+            prefill_decode_interval=c.prefill_decode_interval,
         )
 
     @property
