@@ -45,9 +45,9 @@ def served(tmp_path_factory):
         assert node.stop() == 0, node.log()[-3000:]
 
 
-def _sim(robot_id: str, *extra: str) -> subprocess.Popen:
+def _sim(robot_id: str, *extra: str, rate_hz: float = 5.0) -> subprocess.Popen:
     cmd = [sys.executable, '-m', 'vla_sched.ros.sim_robot', '--robot-id', robot_id]
-    cmd += ['--rate', '5', '--width', '48', '--height', '40', *extra]
+    cmd += ['--rate', str(rate_hz), '--width', '48', '--height', '40', *extra]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
 
 
@@ -88,7 +88,8 @@ def test_a_tiny_kv_pool_shows_retracts_in_the_diagnostics(served):
 
     procs = []
     if not retract_warnings():  # the previous test may have driven it into a retract already
-        procs = [_sim(rid, '--duration', '90') for rid in ROBOTS]
+        # Cameras faster than a step keep all three robots in flight at once.
+        procs = [_sim(rid, '--duration', '90', rate_hz=20.0) for rid in ROBOTS]
     try:
         assert harness.spin_until(lambda: bool(retract_warnings()), 90), node.log()[-3000:]
     finally:
