@@ -67,6 +67,16 @@ class VlaSchedNode(Node):
     """The frontend node (see the module docstring)."""
 
     def __init__(self, *, client_factory=None, **kwargs) -> None:
+        """Declare and read the parameters, subscribe every robot, start the engine.
+
+        Args:
+            client_factory: builds the engine client from the ``FrontendConfig`` (default:
+                ``EngineClient`` with an ``EngineLaunch`` from the parameters).
+            **kwargs: passed to ``rclpy.node.Node`` (e.g. ``parameter_overrides``).
+
+        Raises:
+            ConfigError: a parameter is missing, malformed or inconsistent.
+        """
         super().__init__(NODE_NAME, **kwargs)
         self.config: FrontendConfig = params.declare_and_read(self)
         self.add_on_set_parameters_callback(
