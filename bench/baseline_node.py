@@ -1,0 +1,330 @@
+"""What users run today: one request at a time through transformers ``generate``.
+
+OpenVLA's deploy server answers each request by building the prompt, preprocessing the
+image, calling ``generate`` for the action tokens and un-normalizing them; requests are
+served one after another, with no batching and no KV kept between them. This node does
+exactly that for a vla_sched checkpoint, behind the same ROS topics as the vla_sched node,
+so the same simulated robots measure both:
+
+- per robot (namespace ``robot_id``): subscribes ``camera/image_raw`` and
+  ``vla/instruction``; publishes ``vla/action_chunk`` (``vla_sched/msg/ActionChunk``);
+- a robot is due once per ``period_s`` when it has a new image and nothing in flight (the
+  cadence of the vla_sched node's periodic robots); due requests wait in one FIFO queue;
+- one worker thread serves the queue, one request at a time; finished chunks are published
+  from the ROS thread. A chunk published after ``stamp + budget_s`` is marked ``late``
+  (nothing is dropped: the deploy server has no deadlines).
+
+The prompt and the image preprocessing are the checkpoint's (``VLAPromptBuilder``,
+``preprocess_image``), so both nodes feed the model the same tokens and pixels. Decoding is
+greedy and, as the vla_sched engine does, restricted to the action tokens (a random
+checkpoint would otherwise emit text tokens).
+
+    python bench/baseline_node.py --robots 8 --period 0.1
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import queue
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+
+os.environ.setdefault('HF_HUB_OFFLINE', '1')
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np
+import torch
+from rclpy.node import Node
+
+from vla_sched.ros.conversions import ConversionError, image_to_rgb, stamp_to_ns
+
+READY_LINE = 'baseline: ready'
+
+
+@dataclass(frozen=True, slots=True)
+class BaselineRequest:
+    """One robot's step waiting for the model."""
+
+    robot_id: str
+    step_seq: int
+    stamp_ns: int
+    received_ns: int
+    image: np.ndarray
+    instruction: str
+
+
+@dataclass(frozen=True, slots=True)
+class BaselineResult:
+    request: BaselineRequest
+    actions: np.ndarray  # float32 [horizon, dof]
+    started_ns: int
+    done_ns: int
+
+
+class ActionTokenMask:
+    """A logits processor that keeps only the action tokens ``[start, end)``."""
+
+    def __init__(self, start: int, end: int) -> None:
+        self.start, self.end = start, end
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        masked = torch.full_like(scores, float('-inf'))
+        masked[:, self.start : self.end] = scores[:, self.start : self.end]
+        return masked
+
+
+class GeneratePolicy:
+    """The checkpoint behind ``predict_action``: prompt, pixels, ``generate``, un-normalize.
+
+    Args:
+        folder: checkpoint folder (LLaVA layout, as vla_sched loads it).
+        device: torch device.
+        dtype: weights dtype (bfloat16 on a GPU, float32 on the CPU).
+    """
+
+    def __init__(self, folder: Path, *, device: torch.device, dtype: torch.dtype) -> None:
+        import transformers
+
+        from vla_sched.model.model_spec import read_model_spec
+        from vla_sched.model.prompt import VLAPromptBuilder
+
+        self.device, self.dtype = device, dtype
+        self.spec = read_model_spec(folder)
+        self.prompts = VLAPromptBuilder.from_checkpoint(folder, spec=self.spec)
+        self.model = transformers.LlavaForConditionalGeneration.from_pretrained(
+            folder, dtype=dtype
+        ).to(device)
+        self.model.eval()
+        self.decoder = self.spec.action_decoder()
+        self.mask = ActionTokenMask(*self.spec.action_token_range)
+
+    @torch.inference_mode()
+    def predict_action(self, image: np.ndarray, instruction: str) -> np.ndarray:
+        """The un-normalized action chunk ``[horizon, dof]`` for one image."""
+        from vla_sched.model.vision import preprocess_image
+
+        layout = self.prompts.build(instruction)
+        input_ids = torch.tensor([layout.token_ids], device=self.device)
+        pixels = preprocess_image(image, self.spec.preprocessing, device=self.device)
+        num_tokens = self.spec.num_action_tokens
+        out = self.model.generate(
+            input_ids=input_ids,
+            attention_mask=torch.ones_like(input_ids),
+            pixel_values=pixels[None].to(self.dtype),
+            max_new_tokens=num_tokens,
+            min_new_tokens=num_tokens,
+            do_sample=False,
+            logits_processor=[self.mask],
+            pad_token_id=0,
+        )
+        tokens = out[0, input_ids.shape[1] :].tolist()
+        return self.decoder.decode(tokens).astype(np.float32)
+
+
+class RobotCadence:
+    """When a robot is due: a new image, nothing in flight, and its period has come."""
+
+    def __init__(self, period_ns: int) -> None:
+        self.period_ns = period_ns
+        self.next_due_ns: int | None = None
+        self.pending: tuple[np.ndarray, int, int] | None = None  # image, stamp, received
+        self.in_flight = False
+        self.step_seq = 0
+
+    def is_due(self, now_ns: int) -> bool:
+        if self.pending is None or self.in_flight:
+            return False
+        return self.next_due_ns is None or now_ns >= self.next_due_ns
+
+    def take(self, now_ns: int) -> tuple[np.ndarray, int, int]:
+        assert self.pending is not None
+        pending, self.pending = self.pending, None
+        if self.next_due_ns is None:
+            self.next_due_ns = now_ns
+        self.next_due_ns += self.period_ns
+        if self.next_due_ns <= now_ns:  # fell behind: skip the missed periods
+            self.next_due_ns = now_ns + self.period_ns
+        self.in_flight = True
+        self.step_seq += 1
+        return pending
+
+
+class BaselineNode(Node):
+    """The baseline's ROS side (see the module docstring); ``serve`` runs the model."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
+        from rclpy.qos import qos_profile_sensor_data as sensor_qos
+        from sensor_msgs.msg import Image
+        from std_msgs.msg import String
+
+        from vla_sched.msg import ActionChunk
+
+        super().__init__('vla_baseline')
+        self.args = args
+        self.requests: queue.Queue[BaselineRequest | None] = queue.Queue()
+        self.results: queue.Queue[BaselineResult] = queue.Queue()
+        self.cadence: dict[str, RobotCadence] = {}
+        self.instructions: dict[str, str] = {}
+        self.chunk_pubs = {}
+        latched = QoSProfile(
+            depth=1,
+            reliability=ReliabilityPolicy.RELIABLE,
+            durability=DurabilityPolicy.TRANSIENT_LOCAL,
+        )
+        for i in range(args.robots):
+            rid = f'robot_{i}'
+            self.cadence[rid] = RobotCadence(round(args.period * 1e9))
+            self.instructions[rid] = args.instruction
+            self.chunk_pubs[rid] = self.create_publisher(
+                ActionChunk, f'{rid}/vla/action_chunk', 10
+            )
+            self.create_subscription(
+                Image, f'{rid}/camera/image_raw', partial(self._on_image, rid), sensor_qos
+            )
+            self.create_subscription(
+                String, f'{rid}/vla/instruction', partial(self._on_instruction, rid), latched
+            )
+        self.create_timer(args.poll_period, self._pump)
+
+    def _now_ns(self) -> int:
+        return self.get_clock().now().nanoseconds
+
+    def _on_image(self, rid: str, msg) -> None:
+        now = self._now_ns()
+        try:
+            rgb = image_to_rgb(msg)
+        except ConversionError as exc:
+            self.get_logger().warning(f'{rid}: {exc}', throttle_duration_sec=1.0)
+            return
+        self.cadence[rid].pending = (rgb, stamp_to_ns(msg.header.stamp) or now, now)
+
+    def _on_instruction(self, rid: str, msg) -> None:
+        if msg.data.strip():
+            self.instructions[rid] = msg.data.strip()
+
+    def _pump(self) -> None:
+        """Publish finished chunks, then queue every robot that is due."""
+        while True:
+            try:
+                result = self.results.get_nowait()
+            except queue.Empty:
+                break
+            rid = result.request.robot_id
+            self.chunk_pubs[rid].publish(
+                chunk_message(result, self._now_ns(), budget_s=self.args.budget)
+            )
+            self.cadence[rid].in_flight = False
+        now = self._now_ns()
+        for rid, cadence in self.cadence.items():
+            if cadence.is_due(now):
+                image, stamp, received = cadence.take(now)
+                request = BaselineRequest(
+                    rid, cadence.step_seq, stamp, received, image, self.instructions[rid]
+                )
+                self.requests.put(request)
+
+
+def chunk_message(result: BaselineResult, now_ns: int, *, budget_s: float):
+    """The ``ActionChunk`` of a finished request (the fields the vla_sched node fills)."""
+    from vla_sched.msg import ActionChunk
+    from vla_sched.ros.conversions import ns_to_stamp
+
+    req, actions = result.request, result.actions
+    deadline_ns = req.stamp_ns + round(budget_s * 1e9)
+    msg = ActionChunk()
+    msg.header.stamp = ns_to_stamp(req.stamp_ns)
+    msg.header.frame_id = 'base_link'
+    msg.robot_id = req.robot_id
+    msg.step_seq = req.step_seq
+    msg.horizon, msg.dof = int(actions.shape[0]), int(actions.shape[1])
+    msg.dt = 0.1
+    msg.actions = np.ascontiguousarray(actions, dtype=np.float32).reshape(-1)
+    msg.joint_names = [f'action_{j}' for j in range(actions.shape[1])]
+    msg.action_space = ActionChunk.ACTION_SPACE_EE_DELTA
+    msg.deadline = ns_to_stamp(deadline_ns)
+    msg.queue_ms = (result.started_ns - req.received_ns) / 1e6
+    msg.prefill_ms = 0.0  # generate does not say; the whole call is in decode_ms
+    msg.decode_ms = (result.done_ns - result.started_ns) / 1e6
+    msg.total_ms = max(0.0, (now_ns - req.stamp_ns) / 1e6)
+    msg.late = now_ns > deadline_ns
+    return msg
+
+
+def serve(policy: GeneratePolicy, node: BaselineNode) -> None:
+    """The worker: one request at a time, until a None arrives."""
+    while True:
+        req = node.requests.get()
+        if req is None:
+            return
+        started = time.time_ns()
+        actions = policy.predict_action(req.image, req.instruction)
+        node.results.put(BaselineResult(req, actions, started, time.time_ns()))
+
+
+def pick_device(name: str, *, cpu_threads: int) -> tuple[torch.device, torch.dtype]:
+    """bfloat16 on a GPU; float32 on ``cpu_threads`` torch threads on the CPU (as the engine)."""
+    if name == 'auto':
+        name = 'cuda' if torch.cuda.is_available() else 'cpu'
+    device = torch.device(name)
+    if device.type == 'cpu':
+        torch.set_num_threads(cpu_threads)
+        return device, torch.float32
+    return device, torch.bfloat16
+
+
+def run(args: argparse.Namespace) -> int:
+    import rclpy
+    from rclpy.executors import ExternalShutdownException
+
+    from vla_sched.ipc.checkpoints import resolve_checkpoint
+
+    folder, _ = resolve_checkpoint(args.model_path)
+    device, dtype = pick_device(args.device, cpu_threads=args.cpu_threads)
+    policy = GeneratePolicy(folder, device=device, dtype=dtype)
+    rclpy.init(args=['baseline_node'])
+    node = BaselineNode(args)
+    worker = threading.Thread(target=serve, args=(policy, node), name='generate', daemon=True)
+    worker.start()
+    print(f'{READY_LINE}: {folder.name} on {device} ({dtype}), {args.robots} robots', flush=True)
+    try:
+        rclpy.spin(node)
+    except (KeyboardInterrupt, ExternalShutdownException):
+        pass
+    finally:
+        node.requests.put(None)
+        worker.join(timeout=30)
+        node.destroy_node()
+        rclpy.try_shutdown()
+    return 0
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument('--robots', type=int, default=1, help='serves robot_0 .. robot_{N-1}')
+    parser.add_argument('--period', type=float, default=0.1, help='control period (s)')
+    parser.add_argument('--budget', type=float, default=0.5, help='late after stamp + this (s)')
+    parser.add_argument('--instruction', default='pick up the red block')
+    parser.add_argument('--model-path', default='', help='checkpoint (default: the tiny one)')
+    parser.add_argument('--device', choices=('auto', 'cpu', 'cuda'), default='auto')
+    parser.add_argument('--cpu-threads', type=int, default=1, help='torch threads on the CPU')
+    parser.add_argument('--poll-period', type=float, default=0.005, help='publish/dispatch (s)')
+    args = parser.parse_args(argv)
+    if min(args.robots, args.cpu_threads) < 1:
+        parser.error('--robots and --cpu-threads must be >= 1')
+    if min(args.period, args.budget, args.poll_period) <= 0:
+        parser.error('--period, --budget and --poll-period must be > 0')
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run(parse_args(argv))
+
+
+if __name__ == '__main__':
+    sys.exit(main())

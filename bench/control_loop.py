@@ -1,0 +1,406 @@
+"""Multi-robot control loop through real ROS topics: vla_sched against today's baseline.
+
+N simulated robots (``bench/robot_fleet.py``) publish camera images and joint states at
+``--camera-rate`` and ask for a control step every ``--period`` seconds. They are served
+first by the vla_sched node (``python -m vla_sched.ros.node``, engine in its own process,
+scheduled core), then by ``bench/baseline_node.py`` (one request at a time through
+transformers ``generate``), on the same checkpoint, with the same deadline budget. Each
+server is started once for the largest N (robots beyond the current N stay silent); for
+each N the robots run ``--warmup`` seconds, then ``--windows`` windows of ``--duration``
+seconds are measured from the robots' side:
+
+- actions/s delivered (chunks x horizon; the target is N x horizon / period),
+- chunk latency p50/p99 (chunk arrival minus the image stamp, over every chunk),
+- deadline-miss rate (late chunks and deadline refusals over the steps that ended),
+- retracts (vla_sched's /diagnostics ``retracts total`` over the window; 0 for the
+  baseline, which never retracts).
+
+The table reports, per N and system, the median window (and the min-max of actions/s), and
+the ratios vla_sched / baseline.
+
+    python bench/control_loop.py                          # N = 1 2 4 8 16, ~6 min on 2 cores
+    python bench/control_loop.py --robots 8 --duration 20 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault('HF_HUB_OFFLINE', '1')
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import yaml
+
+from bench.baseline_node import READY_LINE
+from bench.robot_fleet import FleetConfig, FleetWindow, RobotFleet
+
+ROOT = Path(__file__).resolve().parents[1]
+SYSTEMS = ('vla_sched', 'baseline')
+
+
+@dataclass(frozen=True, slots=True)
+class LoopPlan:
+    """What to run: robot counts, rates, windows, checkpoint and engine settings."""
+
+    robot_counts: tuple[int, ...] = (1, 2, 4, 8, 16)
+    period_s: float = 0.1
+    camera_rate_hz: float = 10.0
+    budget_s: float = 0.5
+    warmup_s: float = 4.0
+    duration_s: float = 10.0
+    num_windows: int = 2
+    model_path: str = ''
+    device: str = 'cpu'
+    engine: dict[str, Any] = dataclasses.field(default_factory=dict)
+    start_timeout_s: float = 300.0
+    systems: tuple[str, ...] = SYSTEMS
+
+    def __post_init__(self) -> None:
+        if not self.robot_counts or min(self.robot_counts) < 1:
+            raise ValueError(f'robot counts must be >= 1, got {self.robot_counts}')
+        for name in ('period_s', 'camera_rate_hz', 'budget_s', 'duration_s'):
+            if not getattr(self, name) > 0:
+                raise ValueError(f'{name} must be > 0, got {getattr(self, name)}')
+        if self.warmup_s < 0 or self.num_windows < 1:
+            raise ValueError('warmup_s must be >= 0 and num_windows >= 1')
+        unknown = set(self.systems) - set(SYSTEMS)
+        if unknown or not self.systems:
+            raise ValueError(f'systems must be among {SYSTEMS}, got {self.systems}')
+
+
+@dataclass
+class LoopPoint:
+    """One system at one robot count: the median of its windows."""
+
+    system: str
+    num_robots: int
+    target_actions_per_s: float
+    actions_per_s: list[float]  # every window
+    chunks_per_s: float
+    latency_ms_p50: float
+    latency_ms_p99: float
+    miss_rate: float
+    num_retracts: int
+    num_chunks: int
+    num_rejected: int
+    rejected_by_reason: dict[str, int]
+
+    def row(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def summarize(
+    system: str, num_robots: int, plan: LoopPlan, windows: list[FleetWindow], retracts: list[int]
+) -> LoopPoint:
+    """Median over windows; latency percentiles over every chunk of every window."""
+    horizon = _horizon(windows)
+    actions = [w.num_chunks * horizon / w.duration_s for w in windows]
+    latencies = [x for w in windows for x in w.latencies_ms]
+    ended = sum(w.num_chunks + w.num_rejected for w in windows)
+    misses = sum(w.num_misses for w in windows)
+    by_reason: dict[str, int] = {}
+    for w in windows:
+        for robot in w.robots:
+            for reason, count in robot['rejected'].items():
+                by_reason[reason] = by_reason.get(reason, 0) + count
+    merged = FleetWindow(duration_s=0.0, robots=[], latencies_ms=latencies)
+    return LoopPoint(
+        system=system,
+        num_robots=num_robots,
+        target_actions_per_s=num_robots * horizon / plan.period_s,
+        actions_per_s=actions,
+        chunks_per_s=statistics.median(w.num_chunks / w.duration_s for w in windows),
+        latency_ms_p50=merged.latency_ms(50),
+        latency_ms_p99=merged.latency_ms(99),
+        miss_rate=misses / ended if ended else math.nan,
+        num_retracts=sum(retracts),
+        num_chunks=sum(w.num_chunks for w in windows),
+        num_rejected=sum(w.num_rejected for w in windows),
+        rejected_by_reason=by_reason,
+    )
+
+
+def _horizon(windows: list[FleetWindow]) -> int:
+    for w in windows:
+        for robot in w.robots:
+            if robot.get('first_chunk'):
+                return int(robot['first_chunk']['horizon'])
+    return 1
+
+
+# --- the servers ----------------------------------------------------------------------------
+
+
+class Server:
+    """A serving node in a child process, its log in ``folder``."""
+
+    def __init__(self, system: str, plan: LoopPlan, folder: Path, env: dict[str, str]) -> None:
+        self.system = system
+        self.log_path = folder / f'{system}.log'
+        num_robots = max(plan.robot_counts)
+        if system == 'vla_sched':
+            params = folder / 'vla_sched_params.yaml'
+            params.write_text(yaml.safe_dump(node_params(plan, num_robots)))
+            cmd = [sys.executable, '-m', 'vla_sched.ros.node', '--ros-args']
+            cmd += ['--params-file', str(params)]
+        else:
+            cmd = [sys.executable, str(ROOT / 'bench' / 'baseline_node.py')]
+            cmd += ['--robots', str(num_robots), '--period', str(plan.period_s)]
+            cmd += ['--budget', str(plan.budget_s), '--device', plan.device]
+            cmd += ['--model-path', plan.model_path]
+        with self.log_path.open('w') as log:
+            self.proc = subprocess.Popen(
+                cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=str(ROOT)
+            )
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors='replace')
+
+    def stop(self) -> None:
+        from vla_sched.ros.demo import stop
+
+        stop(self.proc)
+
+
+def node_params(plan: LoopPlan, num_robots: int) -> dict[str, Any]:
+    """The vla_sched node's parameter file for this plan."""
+    engine = {
+        'mode': 'process',
+        'model_path': plan.model_path,
+        'device': plan.device,
+        'core': 'scheduled',
+        'heartbeat_timeout_s': 5.0,
+        'start_timeout_s': plan.start_timeout_s,
+    }
+    values = {
+        'robot_ids': [f'robot_{i}' for i in range(num_robots)],
+        'robot_defaults': {'period_s': plan.period_s, 'instruction': 'pick up the red block'},
+        'engine': engine,
+        'deadlines': {'step_budget_s': plan.budget_s},
+        'diagnostics': {'period_s': 1.0},
+    }
+    if plan.engine:
+        values['scheduler'] = dict(plan.engine)
+    return {'vla_sched': {'ros__parameters': values}}
+
+
+class Watch:
+    """/diagnostics of the vla_sched node (``vla_sched.ros.demo.DiagnosticsWatch``), or
+    nothing for the baseline; ``spin`` always lasts the given time."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.inner = None
+        if enabled:
+            from vla_sched.ros.demo import DiagnosticsWatch
+
+            self.inner = DiagnosticsWatch()
+
+    def spin(self, seconds: float) -> None:
+        if self.inner is None:
+            time.sleep(seconds)
+        else:
+            self.inner.spin(seconds)
+
+    def retracts_total(self) -> int:
+        status = self.inner.scheduler() if self.inner is not None else None
+        if status is None:
+            return 0
+        return int(float(status[2].get('retracts total', 0) or 0))
+
+    def close(self) -> None:
+        if self.inner is not None:
+            self.inner.close()
+
+
+def wait_ready(server: Server, watch: Watch, timeout_s: float) -> None:
+    """Until the server can serve; raises RuntimeError with its log tail otherwise."""
+    end = time.monotonic() + timeout_s
+    if watch.inner is not None:
+        from vla_sched.ros.demo import wait_until_ready
+
+        if wait_until_ready(watch.inner, server.proc, timeout_s):
+            return
+    else:
+        while time.monotonic() < end and server.proc.poll() is None:
+            if READY_LINE in server.log():
+                return
+            time.sleep(0.2)
+    raise RuntimeError(f'{server.system} did not get ready:\n{server.log()[-3000:]}')
+
+
+def run_system(system: str, plan: LoopPlan, folder: Path, env: dict[str, str]) -> list[LoopPoint]:
+    """Start one server, drive every robot count against it, stop it."""
+    server = Server(system, plan, folder, env)
+    watch = Watch(enabled=system == 'vla_sched')
+    points = []
+    try:
+        wait_ready(server, watch, plan.start_timeout_s)
+        for num_robots in plan.robot_counts:
+            points.append(drive(system, num_robots, plan, watch, server))
+            print(format_point(points[-1]), flush=True)
+    finally:
+        watch.close()
+        server.stop()
+    return points
+
+
+def drive(system: str, num_robots: int, plan: LoopPlan, watch: Watch, server: Server):
+    fleet = RobotFleet(num_robots, FleetConfig(camera_rate_hz=plan.camera_rate_hz))
+    try:
+        deadline = time.monotonic() + max(30.0, 10 * plan.period_s * num_robots)
+        while not fleet.wait_for_chunks(0.0) and time.monotonic() < deadline:
+            if server.proc.poll() is not None:
+                raise RuntimeError(f'{system} exited:\n{server.log()[-3000:]}')
+            watch.spin(0.2)
+        watch.spin(plan.warmup_s)
+        windows, retracts = [], []
+        for _ in range(plan.num_windows):
+            before = watch.retracts_total()
+            fleet.start_window()
+            watch.spin(plan.duration_s)
+            windows.append(fleet.end_window())
+            retracts.append(max(0, watch.retracts_total() - before))
+    finally:
+        fleet.close()
+    return summarize(system, num_robots, plan, windows, retracts)
+
+
+# --- the report -------------------------------------------------------------------------------
+
+
+def format_point(p: LoopPoint) -> str:
+    lo, hi = min(p.actions_per_s), max(p.actions_per_s)
+    return (
+        f'{p.system:>9} N={p.num_robots:<3} actions/s {statistics.median(p.actions_per_s):7.1f} '
+        f'({lo:.1f}-{hi:.1f}) of {p.target_actions_per_s:.0f}, latency p50/p99 '
+        f'{p.latency_ms_p50:.0f}/{p.latency_ms_p99:.0f} ms, misses {100 * p.miss_rate:.1f}%, '
+        f'retracts {p.num_retracts}, rejected {p.rejected_by_reason}'
+    )
+
+
+def markdown_tables(points: list[LoopPoint]) -> str:
+    """Both systems per N, then the ratios vla_sched / baseline."""
+    lines = [
+        '| robots | system | actions/s (median, min-max) | target | latency p50 ms '
+        '| latency p99 ms | deadline misses | retracts |',
+        '|---|---|---|---|---|---|---|---|',
+    ]
+    for p in sorted(points, key=lambda p: (p.num_robots, SYSTEMS.index(p.system))):
+        lines.append(
+            f'| {p.num_robots} | {p.system} | {statistics.median(p.actions_per_s):.1f} '
+            f'({min(p.actions_per_s):.1f}-{max(p.actions_per_s):.1f}) '
+            f'| {p.target_actions_per_s:.0f} | {p.latency_ms_p50:.0f} | {p.latency_ms_p99:.0f} '
+            f'| {100 * p.miss_rate:.1f}% | {p.num_retracts} |'
+        )
+    by_key = {(p.system, p.num_robots): p for p in points}
+    ratio_lines = []
+    for n in sorted({p.num_robots for p in points}):
+        ours, base = by_key.get(('vla_sched', n)), by_key.get(('baseline', n))
+        if ours is None or base is None:
+            continue
+        speedup = statistics.median(ours.actions_per_s) / statistics.median(base.actions_per_s)
+        ratio_lines.append(
+            f'| {n} | {speedup:.2f}x | {ours.latency_ms_p99 / base.latency_ms_p99:.2f} '
+            f'| {ours.latency_ms_p50 / base.latency_ms_p50:.2f} |'
+        )
+    if ratio_lines:
+        lines += [
+            '',
+            '| robots | actions/s vla_sched / baseline | p99 latency ratio | p50 latency ratio |',
+            '|---|---|---|---|',
+            *ratio_lines,
+        ]
+    return '\n'.join(lines)
+
+
+def ros_env(folder: Path) -> dict[str, str]:
+    """Keep DDS on this host, in a domain of this run's own."""
+    os.environ.setdefault('ROS_AUTOMATIC_DISCOVERY_RANGE', 'LOCALHOST')
+    os.environ.setdefault('ROS_DOMAIN_ID', str(os.getpid() % 100 + 1))
+    os.environ.setdefault('ROS_LOG_DIR', str(folder / 'ros_log'))
+    return dict(os.environ)
+
+
+def run(plan: LoopPlan, *, json_path: str = '') -> list[LoopPoint]:
+    folder = Path(tempfile.mkdtemp(prefix='vla_control_loop_'))
+    env = ros_env(folder)
+    print(
+        f'control loop: robots {list(plan.robot_counts)}, period {plan.period_s} s, camera '
+        f'{plan.camera_rate_hz} Hz, budget {plan.budget_s} s, warm-up {plan.warmup_s} s, '
+        f'{plan.num_windows} x {plan.duration_s} s windows, device {plan.device}, logs in '
+        f'{folder}',
+        flush=True,
+    )
+    points: list[LoopPoint] = []
+    for system in plan.systems:
+        points += run_system(system, plan, folder, env)
+    print()
+    print(markdown_tables(points))
+    if json_path:
+        record = {'plan': dataclasses.asdict(plan), 'points': [p.row() for p in points]}
+        Path(json_path).write_text(json.dumps(record, indent=1) + '\n')
+    return points
+
+
+def parse_plan(argv: list[str] | None = None) -> tuple[LoopPlan, str]:
+    base = LoopPlan()
+    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    parser.add_argument('--robots', type=int, nargs='+', default=list(base.robot_counts))
+    parser.add_argument('--period', type=float, default=base.period_s, help='control period s')
+    parser.add_argument('--camera-rate', type=float, default=base.camera_rate_hz)
+    parser.add_argument('--budget', type=float, default=base.budget_s, help='deadline budget s')
+    parser.add_argument('--warmup', type=float, default=base.warmup_s)
+    parser.add_argument('--duration', type=float, default=base.duration_s, help='window s')
+    parser.add_argument('--windows', type=int, default=base.num_windows)
+    parser.add_argument('--model-path', default='', help='checkpoint (default: the tiny one)')
+    parser.add_argument('--device', choices=('auto', 'cpu', 'cuda'), default=base.device)
+    parser.add_argument('--systems', nargs='+', choices=SYSTEMS, default=list(SYSTEMS))
+    parser.add_argument(
+        '--scheduler', nargs='*', default=[], metavar='KEY=VALUE',
+        help='vla_sched scheduler.* parameters, e.g. enable_overlap=false',
+    )  # fmt: skip
+    parser.add_argument('--json', default='', help='write the results here')
+    args = parser.parse_args(argv)
+    plan = LoopPlan(
+        robot_counts=tuple(args.robots),
+        period_s=args.period,
+        camera_rate_hz=args.camera_rate,
+        budget_s=args.budget,
+        warmup_s=args.warmup,
+        duration_s=args.duration,
+        num_windows=args.windows,
+        model_path=args.model_path,
+        device=args.device,
+        engine=dict(_setting(s) for s in args.scheduler),
+        systems=tuple(args.systems),
+    )
+    return plan, args.json
+
+
+def _setting(text: str) -> tuple[str, Any]:
+    key, sep, value = text.partition('=')
+    if not sep or not key:
+        raise SystemExit(f'--scheduler expects KEY=VALUE, got {text!r}')
+    return key, yaml.safe_load(value)
+
+
+def main(argv: list[str] | None = None) -> int:
+    plan, json_path = parse_plan(argv)
+    points = run(plan, json_path=json_path)
+    return 0 if all(p.num_chunks > 0 for p in points) else 1
+
+
+if __name__ == '__main__':
+    sys.exit(main())

@@ -1,0 +1,210 @@
+"""N simulated robots in one process, measured over a window: what both serving nodes face.
+
+Each robot is one rclpy node under its own namespace with the topics of
+``vla_sched.ros.sim_robot`` (camera, joint states, latched instruction; it receives
+``vla/action_chunk`` and ``vla/step_rejected``) and the same frames, joint waves and log
+(``SimRobotLog``). Running every robot as a node of one process, on one executor thread,
+keeps the fleet's own CPU cost small and equal for whichever node serves it, which matters
+on a 2-core machine; ``vla_sched.ros.demo`` runs each robot as a process instead.
+
+``measure`` starts fresh logs, lets the robots run for the window and returns a
+``FleetWindow``: chunks, latency samples (now minus the chunk's stamp, the image stamp),
+deadline misses and refusals of every robot during the window only.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from vla_sched.ros.conversions import rgb_to_image, stamp_to_ns
+from vla_sched.ros.sim_robot import DEFAULT_JOINTS, SimRobotLog, joint_state, synthetic_frame
+
+
+@dataclass(frozen=True, slots=True)
+class FleetConfig:
+    """How the simulated robots behave.
+
+    Attributes:
+        camera_rate_hz: images (and joint states) each robot publishes per second.
+        width, height: camera frame size.
+        instruction: published once, latched, by every robot.
+    """
+
+    camera_rate_hz: float = 10.0
+    width: int = 64
+    height: int = 64
+    instruction: str = 'pick up the red block'
+
+    def __post_init__(self) -> None:
+        if not self.camera_rate_hz > 0:
+            raise ValueError(f'camera_rate_hz must be > 0, got {self.camera_rate_hz}')
+        if self.width < 1 or self.height < 1:
+            raise ValueError(f'bad frame size {self.width}x{self.height}')
+
+
+@dataclass
+class FleetWindow:
+    """What the robots received during one measurement window."""
+
+    duration_s: float
+    robots: list[dict[str, Any]]  # SimRobotLog summaries
+    latencies_ms: list[float] = field(default_factory=list)  # every chunk of every robot
+    num_late_chunks: int = 0
+
+    @property
+    def num_chunks(self) -> int:
+        return sum(r['num_chunks'] for r in self.robots)
+
+    @property
+    def num_misses(self) -> int:
+        return sum(r['misses'] for r in self.robots)
+
+    @property
+    def num_rejected(self) -> int:
+        return sum(sum(r['rejected'].values()) for r in self.robots)
+
+    def latency_ms(self, q: float) -> float:
+        """The ``q``-th percentile of every chunk's latency; NaN without chunks."""
+        if not self.latencies_ms:
+            return math.nan
+        return float(np.percentile(np.asarray(self.latencies_ms), q))
+
+
+class FleetRobot:
+    """One simulated robot (topics and behaviour of ``vla_sched.ros.sim_robot``)."""
+
+    def __init__(self, context, robot_id: str, config: FleetConfig) -> None:
+        import rclpy
+        from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
+        from rclpy.qos import qos_profile_sensor_data as sensor_qos
+        from sensor_msgs.msg import Image, JointState
+        from std_msgs.msg import String
+
+        from vla_sched.msg import ActionChunk, StepRejected
+
+        self.robot_id = robot_id
+        self.config = config
+        self.node = rclpy.create_node(f'sim_{robot_id}', namespace=robot_id, context=context)
+        self.log = SimRobotLog(robot_id)
+        self.latencies_ms: list[float] = []
+        self.num_frames = 0
+        self._images = self.node.create_publisher(Image, 'camera/image_raw', sensor_qos)
+        self._joints = self.node.create_publisher(JointState, 'joint_states', sensor_qos)
+        latched = QoSProfile(
+            depth=1,
+            reliability=ReliabilityPolicy.RELIABLE,
+            durability=DurabilityPolicy.TRANSIENT_LOCAL,
+        )
+        instruction = self.node.create_publisher(String, 'vla/instruction', latched)
+        instruction.publish(String(data=config.instruction))
+        self.node.create_subscription(ActionChunk, 'vla/action_chunk', self._on_chunk, 10)
+        self.node.create_subscription(StepRejected, 'vla/step_rejected', self._on_rejected, 10)
+        self.node.create_timer(1.0 / config.camera_rate_hz, self._publish_frame)
+
+    def _publish_frame(self) -> None:
+
+        stamp = self.node.get_clock().now().to_msg()
+        self._joints.publish(joint_state(DEFAULT_JOINTS, time.monotonic(), stamp))
+        frame = synthetic_frame(
+            self.num_frames, width=self.config.width, height=self.config.height
+        )
+        self._images.publish(rgb_to_image(frame, stamp=stamp, frame_id=f'{self.robot_id}_camera'))
+        self.num_frames += 1
+        self.log.num_images += 1
+
+    def _on_chunk(self, msg) -> None:
+        now = time.time_ns()
+        self.log.on_chunk(msg, now)
+        self.latencies_ms.append((now - stamp_to_ns(msg.header.stamp)) / 1e6)
+
+    def _on_rejected(self, msg) -> None:
+        self.log.on_rejected(msg)
+
+    def restart_log(self) -> None:
+        self.log = SimRobotLog(self.robot_id)
+        self.latencies_ms = []
+
+    def close(self) -> None:
+        self.node.destroy_node()
+
+
+class RobotFleet:
+    """``num_robots`` simulated robots ``robot_0..`` spinning on one background thread."""
+
+    def __init__(self, num_robots: int, config: FleetConfig | None = None) -> None:
+        import rclpy
+        from rclpy.executors import SingleThreadedExecutor
+
+        if num_robots < 1:
+            raise ValueError(f'num_robots must be >= 1, got {num_robots}')
+        self.config = config if config is not None else FleetConfig()
+        self.context = rclpy.Context()
+        rclpy.init(args=[], context=self.context)
+        self.robots = [
+            FleetRobot(self.context, f'robot_{i}', self.config) for i in range(num_robots)
+        ]
+        self.executor = SingleThreadedExecutor(context=self.context)
+        for robot in self.robots:
+            self.executor.add_node(robot.node)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._window_start = time.monotonic()
+        self._thread = threading.Thread(target=self._spin, name='robot-fleet', daemon=True)
+        self._thread.start()
+
+    def _spin(self) -> None:
+        while not self._stop.is_set():
+            with self._lock:
+                self.executor.spin_once(timeout_sec=0.01)
+
+    def num_chunks_total(self) -> int:
+        return sum(r.log.num_chunks for r in self.robots)
+
+    def wait_for_chunks(self, timeout_s: float) -> bool:
+        """Wait until every robot got a chunk since its log started; False on timeout."""
+        end = time.monotonic() + timeout_s
+        while time.monotonic() < end:
+            if all(r.log.num_chunks > 0 for r in self.robots):
+                return True
+            time.sleep(0.05)
+        return False
+
+    def start_window(self) -> None:
+        """Start fresh logs: what arrives from now on is measured."""
+        with self._lock:
+            for robot in self.robots:
+                robot.restart_log()
+            self._window_start = time.monotonic()
+
+    def end_window(self) -> FleetWindow:
+        """What the robots got since ``start_window``."""
+        with self._lock:
+            elapsed = time.monotonic() - self._window_start
+            now = time.time_ns()
+            window = FleetWindow(
+                duration_s=elapsed, robots=[r.log.summary(now) for r in self.robots]
+            )
+            for robot in self.robots:
+                window.latencies_ms.extend(robot.latencies_ms)
+                window.num_late_chunks += robot.log.num_late
+        return window
+
+    def measure(self, duration_s: float) -> FleetWindow:
+        """Fresh logs, ``duration_s`` of running, and what the robots got meanwhile."""
+        self.start_window()
+        time.sleep(duration_s)
+        return self.end_window()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self.executor.shutdown()
+        for robot in self.robots:
+            robot.close()
+        self.context.try_shutdown()
