@@ -6,11 +6,10 @@ Their ids must be among the node's ``robot_ids`` (config/vla_sched.yaml lists ro
 robot_3). vla_sched.launch.py and vla_sched.launch.xml include this file.
 """
 
+from launch import LaunchDescription
 from launch.actions import DeclareLaunchArgument, OpaqueFunction
 from launch.substitutions import LaunchConfiguration
 from launch_ros.actions import Node
-
-from launch import LaunchDescription
 
 
 def _sim_robots(context):

@@ -143,13 +143,17 @@ class EngineClient:
         self._thread = threading.Thread(target=run, name='vla_sched-engine', daemon=True)
         self._thread.start()
 
-    def stop(self) -> None:
-        """Stop the engine and drop its connection; queued messages are discarded."""
+    def stop(self, *, grace_s: float = 5.0) -> None:
+        """Stop the engine and drop its connection; queued messages are discarded.
+
+        A process gets ``grace_s`` to exit after SIGTERM, then SIGKILL (0: at once).
+        """
         if self._process is not None:
-            self._process.terminate()
-            try:
-                self._process.wait(timeout=5)
-            except subprocess.TimeoutExpired:
+            if grace_s > 0:
+                self._process.terminate()
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self._process.wait(timeout=grace_s)
+            if self._process.poll() is None:
                 self._process.kill()
                 self._process.wait()
             self._process = None
@@ -164,7 +168,8 @@ class EngineClient:
         self.info = None
 
     def restart(self) -> None:
-        self.stop()
+        """Replace the engine: a dead or silent one is killed at once, not waited for."""
+        self.stop(grace_s=0.0)
         self.start()
 
     def close(self) -> None:

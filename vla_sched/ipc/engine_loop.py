@@ -48,6 +48,48 @@ class EngineCore(Protocol):
     def close(self) -> None: ...
 
 
+class _Pulse:
+    """Sends the engine's heartbeats from a thread of their own, so a long step (a slow
+    prefill on a CPU, a model load) does not read as death; a loop that has made no
+    progress for ``max_step_s`` stops the beats, so a hung engine still reads as dead."""
+
+    def __init__(
+        self,
+        send: Callable[[object], None],
+        heartbeat: HeartbeatTracker,
+        *,
+        max_step_s: float,
+        clock: Callable[[], float],
+    ) -> None:
+        self._send = send
+        self._heartbeat = heartbeat
+        self._max_step_s = max_step_s
+        self._clock = clock
+        self._progress_s = clock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name='vla_sched-pulse', daemon=True)
+
+    def progress(self) -> None:
+        self._progress_s = self._clock()
+
+    def __enter__(self) -> _Pulse:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._heartbeat.period_s / 2):
+            now_s = self._clock()
+            if now_s - self._progress_s > self._max_step_s:
+                continue  # stuck: let the frontend's timeout notice
+            beat = self._heartbeat.due(now_s)
+            if beat is not None:
+                self._send(beat)
+
+
 def serve(
     channel: Channel,
     core: EngineCore,
@@ -55,14 +97,16 @@ def serve(
     heartbeat: HeartbeatTracker,
     stats_period_s: float,
     stop: threading.Event,
+    max_step_s: float = 30.0,
     clock: Callable[[], float] = time.monotonic,
     wall_ns: Callable[[], int] = time.time_ns,
 ) -> str:
     """Serve until ``stop`` is set or the frontend goes silent; returns why it ended."""
+    send_lock = threading.Lock()
 
     def send(msg: object) -> None:
         # If the frontend is gone or busy, its heartbeat timeout decides what happens next.
-        with contextlib.suppress(ChannelClosedError):
+        with send_lock, contextlib.suppress(ChannelClosedError):
             channel.send(msg)
 
     # Handshake: the first message from the frontend proves that its sockets reach us, so
@@ -75,12 +119,28 @@ def serve(
             return 'frontend_lost'
     heartbeat.seen(clock())
     send(core.info)
+    with _Pulse(send, heartbeat, max_step_s=max_step_s, clock=clock) as pulse:
+        return _serve_loop(channel, core, send, heartbeat=heartbeat, pulse=pulse,
+                           stats_period_s=stats_period_s, stop=stop, clock=clock,
+                           wall_ns=wall_ns)  # fmt: skip
+
+
+def _serve_loop(
+    channel: Channel,
+    core: EngineCore,
+    send: Callable[[object], None],
+    *,
+    heartbeat: HeartbeatTracker,
+    pulse: _Pulse,
+    stats_period_s: float,
+    stop: threading.Event,
+    clock: Callable[[], float],
+    wall_ns: Callable[[], int],
+) -> str:
     next_stats_s = clock()
     while not stop.is_set():
+        pulse.progress()
         now_s = clock()
-        beat = heartbeat.due(now_s)
-        if beat is not None:
-            send(beat)
         if now_s >= next_stats_s:
             send(core.stats(wall_ns()))
             next_stats_s = now_s + stats_period_s

@@ -29,6 +29,8 @@ class FailureReason(enum.Enum):
     SUPERSEDED = 'superseded'
     ENGINE_UNAVAILABLE = 'engine_unavailable'
     INTERNAL_ERROR = 'internal_error'
+    QUEUE_FULL = 'queue_full'
+    CANCELLED = 'cancelled'
 
 
 @dataclass(frozen=True, slots=True, eq=False)

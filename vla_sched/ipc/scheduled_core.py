@@ -50,6 +50,10 @@ FAILURE_OF_ABORT = {
     AbortReason.RUNNING_TIMEOUT: FailureReason.DEADLINE_MISSED,
     AbortReason.PROMPT_TOO_LONG: FailureReason.INVALID_INSTRUCTION,
     AbortReason.MAX_NEW_TOKENS_UNFIT: FailureReason.KV_POOL_FULL,
+    AbortReason.QUEUE_FULL: FailureReason.QUEUE_FULL,
+    AbortReason.PREEMPTED_BY_PRIORITY: FailureReason.QUEUE_FULL,
+    AbortReason.CLIENT: FailureReason.CANCELLED,
+    AbortReason.SESSION_CLOSED: FailureReason.CANCELLED,
 }
 PROMPT_MARGIN_TOKENS = 64  # template text around the instruction, in tokens
 
@@ -129,7 +133,9 @@ class ScheduledCore:
             max_prefill_tokens=max(chunk, 1024),
             enable_priority_scheduling=c.enable_priority,
             abort_on_priority_when_disabled=False,
-            robot_priorities=tuple((r, c.robot_priority(r)) for r in c.robots),
+            robot_priorities=(
+                tuple((r, c.robot_priority(r)) for r in c.robots) if c.enable_priority else ()
+            ),
             late_policy=c.late_policy,
             enable_overlap=c.enable_overlap,
             prefill_delayer=PrefillDelayerConfig(enabled=c.enable_prefill_delayer),

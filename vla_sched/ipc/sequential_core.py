@@ -134,7 +134,17 @@ class SequentialCore:
                     f'waited {(now_ns - request.received_ns) / 1e6:.1f} ms, past its deadline',
                 )
             ]  # fmt: skip
-        return [self._generate(request, queue_ms=(now_ns - request.received_ns) / 1e6)]
+        result = self._generate(request, queue_ms=(now_ns - request.received_ns) / 1e6)
+        if result.late and self.config.late_policy == 'drop':
+            record_failure(self.metrics, request.robot_id, FailureReason.DEADLINE_MISSED)
+            done_ms = (time.time_ns() - request.deadline_ns) / 1e6
+            return [
+                StepFailure(
+                    request.robot_id, request.step_seq, request.stamp_ns,
+                    FailureReason.DEADLINE_MISSED, f'done {done_ms:.1f} ms after its deadline',
+                )
+            ]  # fmt: skip
+        return [result]
 
     @torch.inference_mode()
     def _generate(self, request: StepRequest, *, queue_ms: float) -> StepResult:
@@ -169,9 +179,10 @@ class SequentialCore:
         for a, b in itertools.pairwise(stamps[1:-1]):
             self.metrics.record_itl(robot, int((b - a) * 1e9))
         self.metrics.record_cache_hit(robot, 0, len(layout.token_ids))
-        self.metrics.record_step_done(robot, done_ns - request.received_ns)
-        if late:
+        if late and self.config.late_policy == 'deliver_late':
             self.metrics.record_deadline_miss(robot)
+        if not late or self.config.late_policy == 'deliver_late':
+            self.metrics.record_step_done(robot, done_ns - request.received_ns)
         return StepResult(
             robot_id=request.robot_id,
             step_seq=request.step_seq,
