@@ -104,6 +104,8 @@ def node_specs() -> list[ParamSpec]:
                   choices=('auto', 'float32', 'bfloat16', 'float16')),
         ParamSpec('engine.core', 'scheduled', 'scheduled (batching) or sequential (baseline)',
                   choices=('scheduled', 'sequential')),
+        ParamSpec('engine.cpu_threads', 1, 'torch threads when the model runs on the CPU',
+                  min_value=1, max_value=256),
         ParamSpec('engine.heartbeat_period_s', 0.2, 'heartbeat period both ways (s)',
                   min_value=0.01, max_value=10.0),
         ParamSpec('engine.heartbeat_timeout_s', 1.0, 'engine presumed dead after (s)',
@@ -126,6 +128,9 @@ def node_specs() -> list[ParamSpec]:
                   min_value=1, max_value=4096),
         ParamSpec('scheduler.enable_prefill_delayer', True, 'delay prefills to protect decodes'),
         ParamSpec('scheduler.enable_overlap', True, 'process results one step behind the GPU'),
+        ParamSpec('scheduler.prefill_decode_interval', 1,
+                  'decode-only steps after each prefill (0: prefill first)',
+                  min_value=0, max_value=1000),
         ParamSpec('deadlines.step_budget_s', 0.5, 'deadline = image stamp + this (s)',
                   min_value=0.001, max_value=60.0),
         ParamSpec('deadlines.late_policy', 'drop', 'drop late steps or deliver them marked late',
@@ -211,6 +216,7 @@ def config_from_values(values: dict[str, Any]) -> FrontendConfig:
         'device': values['engine.device'],
         'dtype': values['engine.dtype'],
         'core': values['engine.core'],
+        'cpu_threads': values['engine.cpu_threads'],
     }
     for key in (
         'policy',
@@ -221,6 +227,7 @@ def config_from_values(values: dict[str, Any]) -> FrontendConfig:
         'max_running_requests',
         'enable_prefill_delayer',
         'enable_overlap',
+        'prefill_decode_interval',
     ):
         engine[key] = values[f'scheduler.{key}']
     link = EngineLinkConfig(
