@@ -96,13 +96,19 @@ class LoopPoint:
     num_chunks: int
     num_rejected: int
     rejected_by_reason: dict[str, int]
+    cpu_percent: dict[str, float]  # of one core, median over windows: node, engine, robots
 
     def row(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
 
 def summarize(
-    system: str, num_robots: int, plan: LoopPlan, windows: list[FleetWindow], retracts: list[int]
+    system: str,
+    num_robots: int,
+    plan: LoopPlan,
+    windows: list[FleetWindow],
+    retracts: list[int],
+    cpu: list[dict[str, float]] | None = None,
 ) -> LoopPoint:
     """Median over windows; latency percentiles over every chunk of every window."""
     horizon = _horizon(windows)
@@ -129,6 +135,7 @@ def summarize(
         num_chunks=sum(w.num_chunks for w in windows),
         num_rejected=sum(w.num_rejected for w in windows),
         rejected_by_reason=by_reason,
+        cpu_percent={k: statistics.median(c[k] for c in cpu) for k in cpu[0]} if cpu else {},
     )
 
 
@@ -167,6 +174,19 @@ class Server:
 
     def log(self) -> str:
         return self.log_path.read_text(errors='replace')
+
+    def cpu_seconds(self) -> dict[str, float]:
+        """CPU time so far of the server process and of its children (the engine)."""
+        import psutil
+
+        try:
+            main = psutil.Process(self.proc.pid)
+            children = main.children(recursive=True)
+            own = sum(main.cpu_times()[:2])
+            kids = sum(sum(c.cpu_times()[:2]) for c in children)
+        except psutil.Error:
+            return {'node': math.nan, 'engine': math.nan}
+        return {'node': own, 'engine': kids}
 
     def stop(self) -> None:
         from vla_sched.ros.demo import stop
@@ -265,16 +285,20 @@ def drive(system: str, num_robots: int, plan: LoopPlan, watch: Watch, server: Se
                 raise RuntimeError(f'{system} exited:\n{server.log()[-3000:]}')
             watch.spin(0.2)
         watch.spin(plan.warmup_s)
-        windows, retracts = [], []
+        windows, retracts, cpu = [], [], []
         for _ in range(plan.num_windows):
             before = watch.retracts_total()
+            cpu_before = {**server.cpu_seconds(), 'robots': time.process_time()}
             fleet.start_window()
             watch.spin(plan.duration_s)
             windows.append(fleet.end_window())
+            cpu_after = {**server.cpu_seconds(), 'robots': time.process_time()}
             retracts.append(max(0, watch.retracts_total() - before))
+            elapsed = windows[-1].duration_s
+            cpu.append({k: 100 * (cpu_after[k] - v) / elapsed for k, v in cpu_before.items()})
     finally:
         fleet.close()
-    return summarize(system, num_robots, plan, windows, retracts)
+    return summarize(system, num_robots, plan, windows, retracts, cpu)
 
 
 # --- the report -------------------------------------------------------------------------------
@@ -286,7 +310,8 @@ def format_point(p: LoopPoint) -> str:
         f'{p.system:>9} N={p.num_robots:<3} actions/s {statistics.median(p.actions_per_s):7.1f} '
         f'({lo:.1f}-{hi:.1f}) of {p.target_actions_per_s:.0f}, latency p50/p99 '
         f'{p.latency_ms_p50:.0f}/{p.latency_ms_p99:.0f} ms, misses {100 * p.miss_rate:.1f}%, '
-        f'retracts {p.num_retracts}, rejected {p.rejected_by_reason}'
+        f'retracts {p.num_retracts}, rejected {p.rejected_by_reason}, CPU % '
+        + ', '.join(f'{k} {v:.0f}' for k, v in p.cpu_percent.items())
     )
 
 
@@ -294,15 +319,15 @@ def markdown_tables(points: list[LoopPoint]) -> str:
     """Both systems per N, then the ratios vla_sched / baseline."""
     lines = [
         '| robots | system | actions/s (median, min-max) | target | latency p50 ms '
-        '| latency p99 ms | deadline misses | retracts |',
-        '|---|---|---|---|---|---|---|---|',
+        '| latency p99 ms | deadline misses | retracts | CPU % node / engine / robots |',
+        '|---|---|---|---|---|---|---|---|---|',
     ]
     for p in sorted(points, key=lambda p: (p.num_robots, SYSTEMS.index(p.system))):
         lines.append(
             f'| {p.num_robots} | {p.system} | {statistics.median(p.actions_per_s):.1f} '
             f'({min(p.actions_per_s):.1f}-{max(p.actions_per_s):.1f}) '
             f'| {p.target_actions_per_s:.0f} | {p.latency_ms_p50:.0f} | {p.latency_ms_p99:.0f} '
-            f'| {100 * p.miss_rate:.1f}% | {p.num_retracts} |'
+            f'| {100 * p.miss_rate:.1f}% | {p.num_retracts} | {_cpu_cell(p.cpu_percent)} |'
         )
     by_key = {(p.system, p.num_robots): p for p in points}
     ratio_lines = []
@@ -323,6 +348,12 @@ def markdown_tables(points: list[LoopPoint]) -> str:
             *ratio_lines,
         ]
     return '\n'.join(lines)
+
+
+def _cpu_cell(cpu: dict[str, float]) -> str:
+    if not cpu:
+        return 'n/a'
+    return ' / '.join('-' if math.isnan(v) else f'{v:.0f}' for v in cpu.values())
 
 
 def ros_env(folder: Path) -> dict[str, str]:
@@ -368,9 +399,12 @@ def parse_plan(argv: list[str] | None = None) -> tuple[LoopPlan, str]:
     parser.add_argument('--device', choices=('auto', 'cpu', 'cuda'), default=base.device)
     parser.add_argument('--systems', nargs='+', choices=SYSTEMS, default=list(SYSTEMS))
     parser.add_argument(
-        '--scheduler', nargs='*', default=[], metavar='KEY=VALUE',
+        '--scheduler',
+        nargs='*',
+        default=[],
+        metavar='KEY=VALUE',
         help='vla_sched scheduler.* parameters, e.g. enable_overlap=false',
-    )  # fmt: skip
+    )
     parser.add_argument('--json', default='', help='write the results here')
     args = parser.parse_args(argv)
     plan = LoopPlan(

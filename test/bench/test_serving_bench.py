@@ -1,0 +1,182 @@
+"""The serving benchmarks (bench/control_loop.py, itl_jump.py, scheduler_cost.py,
+gpu_serving.py) run end to end in tiny modes, and their bookkeeping computes what it says."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _bench(name: str):
+    """Import ``bench.<name>`` with the repository root on the path (as the scripts do)."""
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    return importlib.import_module(f'bench.{name}')
+
+
+# --- bookkeeping --------------------------------------------------------------------------
+
+
+def _window(chunks: int, latencies: list[float], *, late: int = 0, deadline_refusals: int = 0):
+    fleet = _bench('robot_fleet')
+    robot = {
+        'num_chunks': chunks,
+        'misses': late + deadline_refusals,
+        'rejected': {'5': deadline_refusals} if deadline_refusals else {},
+        'first_chunk': {'horizon': 2},
+    }
+    return fleet.FleetWindow(duration_s=2.0, robots=[robot], latencies_ms=latencies)
+
+
+def test_a_loop_point_counts_actions_misses_and_pools_latencies_over_windows():
+    loop = _bench('control_loop')
+    plan = loop.LoopPlan(robot_counts=(4,), period_s=0.1)
+    windows = [
+        _window(10, [10.0] * 10, late=1),
+        _window(20, [20.0] * 19 + [400.0], deadline_refusals=2),
+    ]
+    point = loop.summarize('vla_sched', 4, plan, windows, retracts=[1, 2])
+    assert point.actions_per_s == [10.0, 20.0]  # chunks x horizon 2 / 2 s
+    assert point.target_actions_per_s == pytest.approx(80.0)  # 4 robots x 2 actions x 10 Hz
+    assert point.miss_rate == pytest.approx(3 / 32)  # 3 misses over 30 chunks + 2 refusals
+    assert point.num_retracts == 3
+    assert point.rejected_by_reason == {'5': 2}
+    assert point.latency_ms_p50 == pytest.approx(20.0)
+    assert point.latency_ms_p99 > 20.0
+
+
+def test_the_report_gives_ratios_of_vla_sched_over_the_baseline():
+    loop = _bench('control_loop')
+    plan = loop.LoopPlan(robot_counts=(8,))
+    ours = loop.summarize('vla_sched', 8, plan, [_window(50, [100.0] * 50)], [0])
+    base = loop.summarize('baseline', 8, plan, [_window(10, [400.0] * 10)], [0])
+    tables = loop.markdown_tables([base, ours])
+    assert '| 8 | 5.00x | 0.25 | 0.25 |' in tables
+    rows = [line for line in tables.splitlines() if line.startswith('| 8 | ')]
+    assert rows[0].startswith('| 8 | vla_sched | 50.0 (50.0-50.0) | 160 | 100 | 100 | 0.0% | 0 |')
+
+
+def test_loop_plan_rejects_bad_settings_by_name():
+    loop = _bench('control_loop')
+    with pytest.raises(ValueError, match='period_s'):
+        loop.LoopPlan(period_s=0.0)
+    with pytest.raises(ValueError, match='systems'):
+        loop.LoopPlan(systems=('vllm',))
+
+
+def test_baseline_cadence_is_due_once_per_period_with_a_new_image_and_nothing_in_flight():
+    cadence = _bench('baseline_node').RobotCadence(period_ns=100)
+    assert not cadence.is_due(0)  # no image yet
+    cadence.pending = (np.zeros((2, 2, 3), np.uint8), 0, 0)
+    assert cadence.is_due(0)
+    cadence.take(0)
+    cadence.pending = (np.zeros((2, 2, 3), np.uint8), 50, 50)
+    assert not cadence.is_due(150)  # in flight
+    cadence.in_flight = False
+    assert not cadence.is_due(99) and cadence.is_due(100)
+    cadence.take(350)  # fell behind: the missed periods are skipped
+    assert cadence.next_due_ns == 450 and cadence.step_seq == 2
+
+
+def test_null_runner_samples_the_first_allowed_token_only_where_asked():
+    cost = _bench('scheduler_cost')
+    from vla_sched.engine.forward_batch import SamplingParams
+
+    class Batch:
+        sampling = (SamplingParams(5, 9), SamplingParams(7, 8))
+        sample = (True, False)
+
+    assert cost.NullRunner().launch(Batch()).result().next_token_ids == (5, -1)
+
+
+# --- end to end, tiny -----------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_scheduler_cost_times_decode_steps_with_and_without_the_model(tmp_path, capsys):
+    cost = _bench('scheduler_cost')
+    out = tmp_path / 'cost.json'
+    argv = ['--batch-sizes', '1', '3', '--steps', '3', '--json', str(out)]
+    assert cost.main(argv) == 0
+    points = json.loads(out.read_text())['points']
+    keys = {(p['runner'], p['overlap'], p['batch_size']) for p in points}
+    assert keys == {(r, o, b) for r in ('null', 'model') for o in (False, True) for b in (1, 3)}
+    for p in points:
+        assert 0 < p['sched_us'] <= p['step_us']
+        assert (p['model_us'] == 0) == (p['runner'] == 'null')
+    assert '| model | on | 3 |' in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_itl_jump_classifies_every_token_gap_of_the_finished_steps(tmp_path):
+    itl = _bench('itl_jump')
+    out = tmp_path / 'itl.json'
+    argv = ['--robots', '2', '--period', '0.05', '--duration', '1.5', '--json', str(out)]
+    assert itl.main([*argv, '--variants', 'sglang', 'delayer+chunked']) == 0
+    results = json.loads(out.read_text())['results']
+    assert [r['variant'] for r in results] == ['sglang', 'delayer+chunked']
+    for r in results:
+        assert 0 < r['num_steps_done'] <= r['num_steps_sent']
+        assert 0 < r['itl_clean_p50'] <= r['itl_max']
+        assert 0.0 <= r['prefill_gap_share'] <= 1.0
+        assert r['step_p50'] <= r['step_p99']
+    # Two robots a step apart: some decode gap must hold the other robot's prefill.
+    assert results[0]['prefill_gap_share'] > 0
+    assert not math.isnan(results[0]['itl_prefill_p99'])
+
+
+@pytest.mark.slow
+def test_openvla_shaped_checkpoint_loads_in_both_engines(tmp_path):
+    ckpt = _bench('openvla_checkpoint')
+    baseline = _bench('baseline_node')
+    folder = ckpt.write_openvla_checkpoint(tmp_path / 'ckpt', shrink=True, num_shards=2)
+    from vla_sched.model.checkpoint import load_checkpoint
+    from vla_sched.model.prompt import VLAPromptBuilder
+
+    layout = VLAPromptBuilder.from_checkpoint(folder).build('pick up the block')
+    assert layout.token_ids[0] == 1 and layout.image_offset == 1  # BOS, then the image
+    assert layout.num_image_tokens == 256
+    assert load_checkpoint(folder).spec.action_token_range == (31744, 32000)
+    policy = baseline.GeneratePolicy(folder, device=torch.device('cpu'), dtype=torch.float32)
+    actions = policy.predict_action(np.zeros((64, 64, 3), np.uint8), 'pick up the block')
+    assert actions.shape == (1, 7) and np.all(np.isfinite(actions))
+
+
+@pytest.mark.slow
+def test_gpu_script_dry_run_reports_every_part_against_the_floor(tmp_path):
+    gpu = _bench('gpu_serving')
+    out = tmp_path / 'serving.md'
+    argv = ['--dry-run', '--skip-ros', '--workdir', str(tmp_path), '--out', str(out)]
+    assert gpu.main(argv) == 0
+    report = out.read_text()
+    assert report.startswith('# Serving on cpu (dry run, tiny)')
+    assert 'One robot step / floor:' in report
+    assert '| model | off | 4 |' in report and '| null | on | 1 |' in report
+    assert '| sglang |' in report and '| chunked |' in report
+    assert 'skipped (--skip-ros)' in report
+
+
+@pytest.mark.ros
+@pytest.mark.slow
+def test_control_loop_serves_robots_with_both_systems_and_prints_the_ratios(tmp_path):
+    out = tmp_path / 'loop.json'
+    cmd = [sys.executable, str(ROOT / 'bench' / 'control_loop.py'), '--robots', '1', '2']
+    cmd += ['--warmup', '0.5', '--duration', '2', '--windows', '1', '--json', str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=280, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    points = json.loads(out.read_text())['points']
+    assert {(p['system'], p['num_robots']) for p in points} == {
+        (s, n) for s in ('vla_sched', 'baseline') for n in (1, 2)
+    }
+    assert all(p['num_chunks'] > 0 for p in points)
+    assert '| robots | actions/s vla_sched / baseline |' in proc.stdout
