@@ -5,6 +5,13 @@ first admission) abort a request; both are off by default. A robot step past its
 deadline is counted as a miss once and, with ``late_policy='drop'``, aborted: a waiting
 step leaves the queue at once, an admitted one finishes at its next result (a chunked one
 at the next step). With ``deliver_late`` it runs on, marked late.
+
+Not in SGLang: with ``drop_unmeetable_steps``, a waiting step whose deadline comes before
+``now`` plus the median service time (admission to finish) of recent completed steps is
+dropped as a deadline miss before it is admitted, unless nothing else runs (so a stale
+estimate cannot starve a robot). Under overload this keeps the compute for steps that
+can still be on time; without it every step runs until its deadline passes one or two
+tokens short of done, and no robot gets an action at all.
 """
 
 from __future__ import annotations
@@ -13,6 +20,8 @@ from typing import TYPE_CHECKING
 
 from vla_sched.engine.request import AbortReason, FinishReason
 from vla_sched.engine.scheduler_config import ms_to_ns
+
+MIN_SERVICE_SAMPLES = 8  # completed steps before service times are trusted
 
 if TYPE_CHECKING:
     from vla_sched.engine.request import Req
@@ -23,6 +32,7 @@ def expire_requests(s: Scheduler, now: int) -> None:
     """Abort or mark the requests whose time is up."""
     waiting_timeout = ms_to_ns(s.config.waiting_timeout_ms)
     running_timeout = ms_to_ns(s.config.running_timeout_ms)
+    others_admitted = bool(s.admitted_reqs())
     for req in list(s.waiting_queue):
         entry = req.times.wait_queue_entry_ns
         if waiting_timeout is not None and now - entry > waiting_timeout:
@@ -30,6 +40,9 @@ def expire_requests(s: Scheduler, now: int) -> None:
             s.abort_req(req, FinishReason.aborted(AbortReason.WAITING_TIMEOUT, text))
         elif _past_deadline(s, req, now) and s.robots.drops_late_steps:
             s.abort_req(req, deadline_reason(req, now))
+        elif others_admitted and (reason := _unmeetable(s, req, now)) is not None:
+            s.count_deadline_miss(req)
+            s.abort_req(req, reason)
     for req in s.admitted_reqs():
         admitted = req.times.admitted_ns
         if running_timeout is not None and now - admitted > running_timeout:
@@ -44,6 +57,28 @@ def _past_deadline(s: Scheduler, req: Req, now: int) -> bool:
         return False
     s.count_deadline_miss(req)
     return True
+
+
+def _unmeetable(s: Scheduler, req: Req, now: int) -> FinishReason | None:
+    """The abort reason if ``req`` would finish after its deadline, judged by the median
+    service time of recent steps; None when it may make it (or nothing is known yet).
+
+    Only asked while other steps hold the engine: a step that would run alone is always
+    tried, so a stale estimate cannot starve a robot and fresh samples keep coming.
+    """
+    if not (s.config.drop_unmeetable_steps and s.robots.drops_late_steps):
+        return None
+    if req.deadline_ns is None or len(s.metrics.service) < MIN_SERVICE_SAMPLES:
+        return None
+    service_ms = s.metrics.service.percentile_ms(50)
+    left_ms = (req.deadline_ns - now) / 1e6
+    if left_ms >= service_ms:
+        return None
+    text = (
+        f'{req.describe()} cannot meet its deadline: {left_ms:.1f} ms left, '
+        f'steps take {service_ms:.1f} ms (median)'
+    )
+    return FinishReason.aborted(AbortReason.DEADLINE_MISSED, text)
 
 
 def deadline_reason(req: Req, now: int) -> FinishReason:

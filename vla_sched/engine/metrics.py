@@ -87,6 +87,7 @@ class SchedulerMetrics:
         self.ttft = LatencyWindow(window_size)
         self.itl = LatencyWindow(window_size)
         self.step_latency = LatencyWindow(window_size)
+        self.service = LatencyWindow(window_size)  # admission to finish of completed steps
         self.robots: dict[str, RobotCounters] = {}
 
     def robot(self, robot_id: str) -> RobotCounters:
@@ -146,6 +147,10 @@ class SchedulerMetrics:
         if (robot := self._robot_of(robot_id)) is not None:
             robot.num_steps_done += 1
             robot.step_latency.add(latency_ns)
+
+    def record_service(self, service_ns: int) -> None:
+        """A completed step took ``service_ns`` from its first admission to its finish."""
+        self.service.add(service_ns)
 
     @property
     def cache_hit_rate(self) -> float:

@@ -363,5 +363,7 @@ class Scheduler:
                 self.count_deadline_miss(req)
             arrival = req.times.arrival_ns if req.times.arrival_ns is not None else now
             self.metrics.record_step_done(req.robot_id, now - arrival)
+            if req.times.admitted_ns is not None:
+                self.metrics.record_service(now - req.times.admitted_ns)
         if report:
             self._outbox.append(req)

@@ -107,6 +107,9 @@ class SchedulerConfig:
             first admission; None: off.
         late_policy: what happens to a step past its deadline: ``drop`` (aborted, counted)
             or ``deliver_late`` (runs on, marked late, counted).
+        drop_unmeetable_steps: with ``drop``, a waiting step that cannot finish before its
+            deadline (now + the median service time of recent steps) is dropped before it
+            takes compute from steps that can (see ``expiry``).
         enable_overlap: process step N-1's results while step N runs.
         disable_consecutive_prefill_overlap: process a prefill's results before launching
             the next prefill (better time to first token).
@@ -141,6 +144,7 @@ class SchedulerConfig:
     waiting_timeout_ms: float | None = None
     running_timeout_ms: float | None = None
     late_policy: str = 'drop'
+    drop_unmeetable_steps: bool = False
     enable_overlap: bool = True
     disable_consecutive_prefill_overlap: bool = False
     retract_window_ms: float = 10_000.0

@@ -137,6 +137,7 @@ class ScheduledCore:
                 tuple((r, c.robot_priority(r)) for r in c.robots) if c.enable_priority else ()
             ),
             late_policy=c.late_policy,
+            drop_unmeetable_steps=True,  # only under 'drop': keeps overload from collapsing
             enable_overlap=c.enable_overlap,
             prefill_delayer=PrefillDelayerConfig(enabled=c.enable_prefill_delayer),
             prefill_decode_interval=c.prefill_decode_interval,
