@@ -9,10 +9,11 @@ so the same simulated robots measure both:
 - per robot (namespace ``robot_id``): subscribes ``camera/image_raw`` and
   ``vla/instruction``; publishes ``vla/action_chunk`` (``vla_sched/msg/ActionChunk``);
 - a robot is due once per ``period_s`` when it has a new image and nothing in flight (the
-  cadence of the vla_sched node's periodic robots); due requests wait in one FIFO queue;
-- one worker thread serves the queue, one request at a time; finished chunks are published
-  from the ROS thread. A chunk published after ``stamp + budget_s`` is marked ``late``
-  (nothing is dropped: the deploy server has no deadlines).
+  cadence of the vla_sched node's periodic robots);
+- one worker thread serves the robot that has been due longest, one request at a time, and
+  publishes its chunk; the ROS thread only stores the newest image of each robot, so no
+  timer competes with the model. A chunk published after ``stamp + budget_s`` is marked
+  ``late`` (nothing is dropped: the deploy server has no deadlines).
 
 The prompt and the image preprocessing are the checkpoint's (``VLAPromptBuilder``,
 ``preprocess_image``), so both nodes feed the model the same tokens and pixels. Decoding is
@@ -26,10 +27,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import queue
 import sys
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -127,35 +128,61 @@ class GeneratePolicy:
 
 
 class RobotCadence:
-    """When a robot is due: a new image, nothing in flight, and its period has come."""
+    """One robot's steps as a client of a one-at-a-time server would send them.
 
-    def __init__(self, period_ns: int) -> None:
+    The robot sends a step when its period has come, it has a new image and nothing is in
+    flight (the rule of the vla_sched node's periodic robots), with the newest image it has
+    then; the step then waits in the server's FIFO queue. To serve steps in that order with
+    no dispatch timer, the worker computes each robot's send time afterwards: the latest of
+    its due time, the end of its previous step and the arrival of its first new image; the
+    step carries the newest image received by then.
+    """
+
+    def __init__(self, period_ns: int, *, max_images: int = 256) -> None:
         self.period_ns = period_ns
         self.next_due_ns: int | None = None
-        self.pending: tuple[np.ndarray, int, int] | None = None  # image, stamp, received
+        self.ready_ns = 0  # when the previous step ended
+        self.images: deque[tuple[np.ndarray, int, int]] = deque(maxlen=max_images)
         self.in_flight = False
         self.step_seq = 0
 
-    def is_due(self, now_ns: int) -> bool:
-        if self.pending is None or self.in_flight:
-            return False
-        return self.next_due_ns is None or now_ns >= self.next_due_ns
+    def offer(self, image: np.ndarray, stamp_ns: int, received_ns: int) -> None:
+        self.images.append((image, stamp_ns, received_ns))
 
-    def take(self, now_ns: int) -> tuple[np.ndarray, int, int]:
-        assert self.pending is not None
-        pending, self.pending = self.pending, None
+    def send_time(self) -> int | None:
+        """When the robot sends (or sent) its next step; None while it cannot."""
+        if self.in_flight or not self.images:
+            return None
+        due = 0 if self.next_due_ns is None else self.next_due_ns
+        return max(due, self.ready_ns, self.images[0][2])
+
+    def take(self) -> tuple[tuple[np.ndarray, int, int], int]:
+        """The step's image (newest received by the send time) and the send time."""
+        sent = self.send_time()
+        assert sent is not None
+        chosen = self.images.popleft()
+        while self.images and self.images[0][2] <= sent:
+            chosen = self.images.popleft()
         if self.next_due_ns is None:
-            self.next_due_ns = now_ns
+            self.next_due_ns = sent
         self.next_due_ns += self.period_ns
-        if self.next_due_ns <= now_ns:  # fell behind: skip the missed periods
-            self.next_due_ns = now_ns + self.period_ns
+        if self.next_due_ns <= sent:  # fell behind: skip the missed periods
+            self.next_due_ns = sent + self.period_ns
         self.in_flight = True
         self.step_seq += 1
-        return pending
+        return chosen, sent
+
+    def finish(self, now_ns: int) -> None:
+        self.in_flight = False
+        self.ready_ns = now_ns
 
 
 class BaselineNode(Node):
-    """The baseline's ROS side (see the module docstring); ``serve`` runs the model."""
+    """The baseline's ROS side (see the module docstring).
+
+    Callbacks only store the newest image (under ``lock``); ``next_request`` (called by the
+    worker) waits until a robot is due and takes the one that has been due longest.
+    """
 
     def __init__(self, args: argparse.Namespace) -> None:
         from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
@@ -167,8 +194,8 @@ class BaselineNode(Node):
 
         super().__init__('vla_baseline')
         self.args = args
-        self.requests: queue.Queue[BaselineRequest | None] = queue.Queue()
-        self.results: queue.Queue[BaselineResult] = queue.Queue()
+        self.lock = threading.Condition()
+        self.stopping = False
         self.cadence: dict[str, RobotCadence] = {}
         self.instructions: dict[str, str] = {}
         self.chunk_pubs = {}
@@ -190,44 +217,60 @@ class BaselineNode(Node):
             self.create_subscription(
                 String, f'{rid}/vla/instruction', partial(self._on_instruction, rid), latched
             )
-        self.create_timer(args.poll_period, self._pump)
 
-    def _now_ns(self) -> int:
+    def now_ns(self) -> int:
         return self.get_clock().now().nanoseconds
 
     def _on_image(self, rid: str, msg) -> None:
-        now = self._now_ns()
+        now = self.now_ns()
         try:
             rgb = image_to_rgb(msg)
         except ConversionError as exc:
             self.get_logger().warning(f'{rid}: {exc}', throttle_duration_sec=1.0)
             return
-        self.cadence[rid].pending = (rgb, stamp_to_ns(msg.header.stamp) or now, now)
+        with self.lock:
+            self.cadence[rid].offer(rgb, stamp_to_ns(msg.header.stamp) or now, now)
+            self.lock.notify()
 
     def _on_instruction(self, rid: str, msg) -> None:
         if msg.data.strip():
-            self.instructions[rid] = msg.data.strip()
+            with self.lock:
+                self.instructions[rid] = msg.data.strip()
 
-    def _pump(self) -> None:
-        """Publish finished chunks, then queue every robot that is due."""
-        while True:
-            try:
-                result = self.results.get_nowait()
-            except queue.Empty:
-                break
-            rid = result.request.robot_id
-            self.chunk_pubs[rid].publish(
-                chunk_message(result, self._now_ns(), budget_s=self.args.budget)
-            )
-            self.cadence[rid].in_flight = False
-        now = self._now_ns()
-        for rid, cadence in self.cadence.items():
-            if cadence.is_due(now):
-                image, stamp, received = cadence.take(now)
-                request = BaselineRequest(
+    def next_request(self) -> BaselineRequest | None:
+        """The step sent first among those sent by now (waiting for one), or None once
+        ``stop`` was called."""
+        with self.lock:
+            while not self.stopping:
+                now = self.now_ns()
+                sends = {r: c.send_time() for r, c in self.cadence.items()}
+                sends = {r: t for r, t in sends.items() if t is not None}
+                if not sends:
+                    self.lock.wait()
+                    continue
+                rid = min(sends, key=sends.__getitem__)
+                if sends[rid] > now:
+                    self.lock.wait(timeout=(sends[rid] - now) / 1e9)
+                    continue
+                cadence = self.cadence[rid]
+                (image, stamp, received), _ = cadence.take()
+                return BaselineRequest(
                     rid, cadence.step_seq, stamp, received, image, self.instructions[rid]
                 )
-                self.requests.put(request)
+        return None
+
+    def publish_result(self, result: BaselineResult) -> None:
+        rid = result.request.robot_id
+        msg = chunk_message(result, self.now_ns(), budget_s=self.args.budget)
+        self.chunk_pubs[rid].publish(msg)
+        with self.lock:
+            self.cadence[rid].finish(self.now_ns())
+            self.lock.notify()
+
+    def stop(self) -> None:
+        with self.lock:
+            self.stopping = True
+            self.lock.notify_all()
 
 
 def chunk_message(result: BaselineResult, now_ns: int, *, budget_s: float):
@@ -257,14 +300,11 @@ def chunk_message(result: BaselineResult, now_ns: int, *, budget_s: float):
 
 
 def serve(policy: GeneratePolicy, node: BaselineNode) -> None:
-    """The worker: one request at a time, until a None arrives."""
-    while True:
-        req = node.requests.get()
-        if req is None:
-            return
+    """The worker: one request at a time, until the node stops."""
+    while (req := node.next_request()) is not None:
         started = time.time_ns()
         actions = policy.predict_action(req.image, req.instruction)
-        node.results.put(BaselineResult(req, actions, started, time.time_ns()))
+        node.publish_result(BaselineResult(req, actions, started, time.time_ns()))
 
 
 def pick_device(name: str, *, cpu_threads: int) -> tuple[torch.device, torch.dtype]:
@@ -297,7 +337,7 @@ def run(args: argparse.Namespace) -> int:
     except (KeyboardInterrupt, ExternalShutdownException):
         pass
     finally:
-        node.requests.put(None)
+        node.stop()
         worker.join(timeout=30)
         node.destroy_node()
         rclpy.try_shutdown()
@@ -313,12 +353,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument('--model-path', default='', help='checkpoint (default: the tiny one)')
     parser.add_argument('--device', choices=('auto', 'cpu', 'cuda'), default='auto')
     parser.add_argument('--cpu-threads', type=int, default=1, help='torch threads on the CPU')
-    parser.add_argument('--poll-period', type=float, default=0.005, help='publish/dispatch (s)')
     args = parser.parse_args(argv)
     if min(args.robots, args.cpu_threads) < 1:
         parser.error('--robots and --cpu-threads must be >= 1')
-    if min(args.period, args.budget, args.poll_period) <= 0:
-        parser.error('--period, --budget and --poll-period must be > 0')
+    if min(args.period, args.budget) <= 0:
+        parser.error('--period and --budget must be > 0')
     return args
 
 

@@ -74,18 +74,24 @@ def test_loop_plan_rejects_bad_settings_by_name():
         loop.LoopPlan(systems=('vllm',))
 
 
-def test_baseline_cadence_is_due_once_per_period_with_a_new_image_and_nothing_in_flight():
+def test_baseline_robot_sends_when_due_with_the_newest_image_it_had_then():
     cadence = _bench('baseline_node').RobotCadence(period_ns=100)
-    assert not cadence.is_due(0)  # no image yet
-    cadence.pending = (np.zeros((2, 2, 3), np.uint8), 0, 0)
-    assert cadence.is_due(0)
-    cadence.take(0)
-    cadence.pending = (np.zeros((2, 2, 3), np.uint8), 50, 50)
-    assert not cadence.is_due(150)  # in flight
-    cadence.in_flight = False
-    assert not cadence.is_due(99) and cadence.is_due(100)
-    cadence.take(350)  # fell behind: the missed periods are skipped
-    assert cadence.next_due_ns == 450 and cadence.step_seq == 2
+    frame = np.zeros((2, 2, 3), np.uint8)
+    assert cadence.send_time() is None  # no image yet
+    cadence.offer(frame, 10, 12)
+    assert cadence.send_time() == 12  # first step: as soon as an image is there
+    (_, stamp, _), sent = cadence.take()
+    assert (stamp, sent, cadence.next_due_ns) == (10, 12, 112)
+    for stamp in (40, 90, 130):
+        cadence.offer(frame, stamp, stamp + 1)
+    assert cadence.send_time() is None  # in flight
+    cadence.finish(95)
+    assert cadence.send_time() == 112  # its period comes after the step ended
+    (_, stamp, _), sent = cadence.take()
+    assert (stamp, sent) == (90, 112)  # the frame of t=130 arrived after the step was sent
+    cadence.finish(400)
+    (_, stamp, _), sent = cadence.take()
+    assert (stamp, sent, cadence.next_due_ns) == (130, 400, 500)  # fell behind: re-based
 
 
 def test_null_runner_samples_the_first_allowed_token_only_where_asked():
