@@ -8,8 +8,9 @@ so the same simulated robots measure both:
 
 - per robot (namespace ``robot_id``): subscribes ``camera/image_raw`` and
   ``vla/instruction``; publishes ``vla/action_chunk`` (``vla_sched/msg/ActionChunk``);
-- a robot is due once per ``period_s`` when it has a new image and nothing in flight (the
-  cadence of the vla_sched node's periodic robots);
+- a robot sends a step for each new image when nothing is in flight (``--trigger
+  on_image``), or once per ``period_s`` with its newest image (``periodic``): the rules of
+  the vla_sched node's robots;
 - one worker thread serves the robot that has been due longest, one request at a time, and
   publishes its chunk; the ROS thread only stores the newest image of each robot, so no
   timer competes with the model. A chunk published after ``stamp + budget_s`` is marked
@@ -130,12 +131,12 @@ class GeneratePolicy:
 class RobotCadence:
     """One robot's steps as a client of a one-at-a-time server would send them.
 
-    The robot sends a step when its period has come, it has a new image and nothing is in
-    flight (the rule of the vla_sched node's periodic robots), with the newest image it has
-    then; the step then waits in the server's FIFO queue. To serve steps in that order with
-    no dispatch timer, the worker computes each robot's send time afterwards: the latest of
-    its due time, the end of its previous step and the arrival of its first new image; the
-    step carries the newest image received by then.
+    The robot sends a step when its period has come (a period of 0: at once), it has a new
+    image and nothing is in flight (the rules of the vla_sched node's robots), with the
+    newest image it has then; the step then waits in the server's FIFO queue. To serve
+    steps in that order with no dispatch timer, the worker computes each robot's send time
+    afterwards: the latest of its due time, the end of its previous step and the arrival
+    of its first new image; the step carries the newest image received by then.
     """
 
     def __init__(self, period_ns: int, *, max_images: int = 256) -> None:
@@ -206,7 +207,8 @@ class BaselineNode(Node):
         )
         for i in range(args.robots):
             rid = f'robot_{i}'
-            self.cadence[rid] = RobotCadence(round(args.period * 1e9))
+            period_s = args.period if args.trigger == 'periodic' else 0.0
+            self.cadence[rid] = RobotCadence(round(period_s * 1e9))
             self.instructions[rid] = args.instruction
             self.chunk_pubs[rid] = self.create_publisher(
                 ActionChunk, f'{rid}/vla/action_chunk', 10
@@ -348,6 +350,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument('--robots', type=int, default=1, help='serves robot_0 .. robot_{N-1}')
     parser.add_argument('--period', type=float, default=0.1, help='control period (s)')
+    parser.add_argument('--trigger', choices=('on_image', 'periodic'), default='on_image')
     parser.add_argument('--budget', type=float, default=0.5, help='late after stamp + this (s)')
     parser.add_argument('--instruction', default='pick up the red block')
     parser.add_argument('--model-path', default='', help='checkpoint (default: the tiny one)')

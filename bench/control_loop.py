@@ -1,7 +1,10 @@
 """Multi-robot control loop through real ROS topics: vla_sched against today's baseline.
 
-N simulated robots (``bench/robot_fleet.py``) publish camera images and joint states at
-``--camera-rate`` and ask for a control step every ``--period`` seconds. They are served
+N simulated robots (``bench/robot_fleet.py``) publish a camera image and a joint state
+every ``--period`` seconds and ask for a control step per image (the node's ``on_image``
+trigger: a step per new image, at most one in flight per robot, the newest image waiting
+while one is; ``--trigger periodic --camera-rate R`` steps once per period instead). They
+are served
 first by the vla_sched node (``python -m vla_sched.ros.node``, engine in its own process,
 scheduled core), then by ``bench/baseline_node.py`` (one request at a time through
 transformers ``generate``), on the same checkpoint, with the same deadline budget. Each
@@ -44,35 +47,40 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import yaml
 
 from bench.baseline_node import READY_LINE
-from bench.robot_fleet import FleetConfig, FleetWindow, RobotFleet
+from bench.robot_fleet import STAGES, FleetConfig, FleetWindow, RobotFleet
 
 ROOT = Path(__file__).resolve().parents[1]
 SYSTEMS = ('vla_sched', 'baseline')
+TRIGGERS = ('on_image', 'periodic')
 
 
 @dataclass(frozen=True, slots=True)
 class LoopPlan:
-    """What to run: robot counts, rates, windows, checkpoint and engine settings."""
+    """What to run: robot counts, rates, windows, checkpoint, and vla_sched node parameters
+    (``node_params``: dotted names, e.g. ``scheduler.enable_overlap``)."""
 
     robot_counts: tuple[int, ...] = (1, 2, 4, 8, 16)
     period_s: float = 0.1
-    camera_rate_hz: float = 10.0
+    camera_rate_hz: float = 0.0  # 0: one image per period
+    trigger: str = 'on_image'
     budget_s: float = 0.5
     warmup_s: float = 4.0
     duration_s: float = 10.0
     num_windows: int = 2
     model_path: str = ''
     device: str = 'cpu'
-    engine: dict[str, Any] = dataclasses.field(default_factory=dict)
+    node_params: dict[str, Any] = dataclasses.field(default_factory=dict)
     start_timeout_s: float = 300.0
     systems: tuple[str, ...] = SYSTEMS
 
     def __post_init__(self) -> None:
         if not self.robot_counts or min(self.robot_counts) < 1:
             raise ValueError(f'robot counts must be >= 1, got {self.robot_counts}')
-        for name in ('period_s', 'camera_rate_hz', 'budget_s', 'duration_s'):
+        for name in ('period_s', 'budget_s', 'duration_s'):
             if not getattr(self, name) > 0:
                 raise ValueError(f'{name} must be > 0, got {getattr(self, name)}')
+        if self.camera_rate_hz < 0 or self.trigger not in TRIGGERS:
+            raise ValueError(f'camera_rate_hz must be >= 0 and trigger one of {TRIGGERS}')
         if self.warmup_s < 0 or self.num_windows < 1:
             raise ValueError('warmup_s must be >= 0 and num_windows >= 1')
         unknown = set(self.systems) - set(SYSTEMS)
@@ -97,6 +105,7 @@ class LoopPoint:
     num_rejected: int
     rejected_by_reason: dict[str, int]
     cpu_percent: dict[str, float]  # of one core, median over windows: node, engine, robots
+    stage_ms_p50: dict[str, float]  # the server's queue/prefill/decode/total, medians
 
     def row(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -136,6 +145,11 @@ def summarize(
         num_rejected=sum(w.num_rejected for w in windows),
         rejected_by_reason=by_reason,
         cpu_percent={k: statistics.median(c[k] for c in cpu) for k in cpu[0]} if cpu else {},
+        stage_ms_p50={
+            stage: statistics.median(values) if values else math.nan
+            for stage in STAGES
+            for values in [[x for w in windows for x in w.stages_ms.get(stage, [])]]
+        },
     )
 
 
@@ -165,6 +179,7 @@ class Server:
         else:
             cmd = [sys.executable, str(ROOT / 'bench' / 'baseline_node.py')]
             cmd += ['--robots', str(num_robots), '--period', str(plan.period_s)]
+            cmd += ['--trigger', plan.trigger]
             cmd += ['--budget', str(plan.budget_s), '--device', plan.device]
             cmd += ['--model-path', plan.model_path]
         with self.log_path.open('w') as log:
@@ -206,13 +221,21 @@ def node_params(plan: LoopPlan, num_robots: int) -> dict[str, Any]:
     }
     values = {
         'robot_ids': [f'robot_{i}' for i in range(num_robots)],
-        'robot_defaults': {'period_s': plan.period_s, 'instruction': 'pick up the red block'},
+        'robot_defaults': {
+            'period_s': plan.period_s,
+            'trigger': plan.trigger,
+            'instruction': 'pick up the red block',
+        },
         'engine': engine,
         'deadlines': {'step_budget_s': plan.budget_s},
         'diagnostics': {'period_s': 1.0},
     }
-    if plan.engine:
-        values['scheduler'] = dict(plan.engine)
+    for name, value in plan.node_params.items():
+        *groups, key = name.split('.')
+        target = values
+        for group in groups:
+            target = target.setdefault(group, {})
+        target[key] = value
     return {'vla_sched': {'ros__parameters': values}}
 
 
@@ -277,7 +300,8 @@ def run_system(system: str, plan: LoopPlan, folder: Path, env: dict[str, str]) -
 
 
 def drive(system: str, num_robots: int, plan: LoopPlan, watch: Watch, server: Server):
-    fleet = RobotFleet(num_robots, FleetConfig(camera_rate_hz=plan.camera_rate_hz))
+    camera_hz = plan.camera_rate_hz or 1.0 / plan.period_s
+    fleet = RobotFleet(num_robots, FleetConfig(camera_rate_hz=camera_hz))
     try:
         deadline = time.monotonic() + max(30.0, 10 * plan.period_s * num_robots)
         while not fleet.wait_for_chunks(0.0) and time.monotonic() < deadline:
@@ -312,6 +336,8 @@ def format_point(p: LoopPoint) -> str:
         f'{p.latency_ms_p50:.0f}/{p.latency_ms_p99:.0f} ms, misses {100 * p.miss_rate:.1f}%, '
         f'retracts {p.num_retracts}, rejected {p.rejected_by_reason}, CPU % '
         + ', '.join(f'{k} {v:.0f}' for k, v in p.cpu_percent.items())
+        + ', server ms p50 '
+        + ', '.join(f'{k} {v:.0f}' for k, v in p.stage_ms_p50.items())
     )
 
 
@@ -368,10 +394,10 @@ def run(plan: LoopPlan, *, json_path: str = '') -> list[LoopPoint]:
     folder = Path(tempfile.mkdtemp(prefix='vla_control_loop_'))
     env = ros_env(folder)
     print(
-        f'control loop: robots {list(plan.robot_counts)}, period {plan.period_s} s, camera '
-        f'{plan.camera_rate_hz} Hz, budget {plan.budget_s} s, warm-up {plan.warmup_s} s, '
-        f'{plan.num_windows} x {plan.duration_s} s windows, device {plan.device}, logs in '
-        f'{folder}',
+        f'control loop: robots {list(plan.robot_counts)}, period {plan.period_s} s, '
+        f'trigger {plan.trigger}, camera {plan.camera_rate_hz or 1 / plan.period_s:.1f} Hz, '
+        f'budget {plan.budget_s} s, warm-up {plan.warmup_s} s, {plan.num_windows} x '
+        f'{plan.duration_s} s windows, device {plan.device}, logs in {folder}',
         flush=True,
     )
     points: list[LoopPoint] = []
@@ -390,7 +416,8 @@ def parse_plan(argv: list[str] | None = None) -> tuple[LoopPlan, str]:
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     parser.add_argument('--robots', type=int, nargs='+', default=list(base.robot_counts))
     parser.add_argument('--period', type=float, default=base.period_s, help='control period s')
-    parser.add_argument('--camera-rate', type=float, default=base.camera_rate_hz)
+    parser.add_argument('--camera-rate', type=float, default=0.0, help='0: one per period')
+    parser.add_argument('--trigger', choices=TRIGGERS, default=base.trigger)
     parser.add_argument('--budget', type=float, default=base.budget_s, help='deadline budget s')
     parser.add_argument('--warmup', type=float, default=base.warmup_s)
     parser.add_argument('--duration', type=float, default=base.duration_s, help='window s')
@@ -399,11 +426,11 @@ def parse_plan(argv: list[str] | None = None) -> tuple[LoopPlan, str]:
     parser.add_argument('--device', choices=('auto', 'cpu', 'cuda'), default=base.device)
     parser.add_argument('--systems', nargs='+', choices=SYSTEMS, default=list(SYSTEMS))
     parser.add_argument(
-        '--scheduler',
+        '--node-param',
         nargs='*',
         default=[],
-        metavar='KEY=VALUE',
-        help='vla_sched scheduler.* parameters, e.g. enable_overlap=false',
+        metavar='NAME=VALUE',
+        help='vla_sched node parameters, e.g. scheduler.enable_overlap=false',
     )
     parser.add_argument('--json', default='', help='write the results here')
     args = parser.parse_args(argv)
@@ -411,13 +438,14 @@ def parse_plan(argv: list[str] | None = None) -> tuple[LoopPlan, str]:
         robot_counts=tuple(args.robots),
         period_s=args.period,
         camera_rate_hz=args.camera_rate,
+        trigger=args.trigger,
         budget_s=args.budget,
         warmup_s=args.warmup,
         duration_s=args.duration,
         num_windows=args.windows,
         model_path=args.model_path,
         device=args.device,
-        engine=dict(_setting(s) for s in args.scheduler),
+        node_params=dict(_setting(s) for s in args.node_param),
         systems=tuple(args.systems),
     )
     return plan, args.json
@@ -426,7 +454,7 @@ def parse_plan(argv: list[str] | None = None) -> tuple[LoopPlan, str]:
 def _setting(text: str) -> tuple[str, Any]:
     key, sep, value = text.partition('=')
     if not sep or not key:
-        raise SystemExit(f'--scheduler expects KEY=VALUE, got {text!r}')
+        raise SystemExit(f'--node-param expects NAME=VALUE, got {text!r}')
     return key, yaml.safe_load(value)
 
 

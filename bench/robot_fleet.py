@@ -25,6 +25,8 @@ import numpy as np
 from vla_sched.ros.conversions import rgb_to_image, stamp_to_ns
 from vla_sched.ros.sim_robot import DEFAULT_JOINTS, SimRobotLog, joint_state, synthetic_frame
 
+STAGES = ('queue', 'prefill', 'decode', 'total')
+
 
 @dataclass(frozen=True, slots=True)
 class FleetConfig:
@@ -56,6 +58,9 @@ class FleetWindow:
     robots: list[dict[str, Any]]  # SimRobotLog summaries
     latencies_ms: list[float] = field(default_factory=list)  # every chunk of every robot
     num_late_chunks: int = 0
+    # the server's own account of every chunk: ActionChunk queue_ms, prefill_ms, decode_ms
+    # and total_ms (publication minus the image stamp)
+    stages_ms: dict[str, list[float]] = field(default_factory=dict)
 
     @property
     def num_chunks(self) -> int:
@@ -93,6 +98,7 @@ class FleetRobot:
         self.node = rclpy.create_node(f'sim_{robot_id}', namespace=robot_id, context=context)
         self.log = SimRobotLog(robot_id)
         self.latencies_ms: list[float] = []
+        self.stages_ms: dict[str, list[float]] = {k: [] for k in STAGES}
         self.num_frames = 0
         self._images = self.node.create_publisher(Image, 'camera/image_raw', sensor_qos)
         self._joints = self.node.create_publisher(JointState, 'joint_states', sensor_qos)
@@ -122,6 +128,8 @@ class FleetRobot:
         now = time.time_ns()
         self.log.on_chunk(msg, now)
         self.latencies_ms.append((now - stamp_to_ns(msg.header.stamp)) / 1e6)
+        for stage in STAGES:
+            self.stages_ms[stage].append(float(getattr(msg, f'{stage}_ms')))
 
     def _on_rejected(self, msg) -> None:
         self.log.on_rejected(msg)
@@ -129,6 +137,7 @@ class FleetRobot:
     def restart_log(self) -> None:
         self.log = SimRobotLog(self.robot_id)
         self.latencies_ms = []
+        self.stages_ms = {k: [] for k in STAGES}
 
     def close(self) -> None:
         self.node.destroy_node()
@@ -169,11 +178,11 @@ class RobotFleet:
     def wait_for_chunks(self, timeout_s: float) -> bool:
         """Wait until every robot got a chunk since its log started; False on timeout."""
         end = time.monotonic() + timeout_s
-        while time.monotonic() < end:
-            if all(r.log.num_chunks > 0 for r in self.robots):
-                return True
+        while not all(r.log.num_chunks > 0 for r in self.robots):
+            if time.monotonic() >= end:
+                return False
             time.sleep(0.05)
-        return False
+        return True
 
     def start_window(self) -> None:
         """Start fresh logs: what arrives from now on is measured."""
@@ -193,6 +202,8 @@ class RobotFleet:
             for robot in self.robots:
                 window.latencies_ms.extend(robot.latencies_ms)
                 window.num_late_chunks += robot.log.num_late
+                for stage, values in robot.stages_ms.items():
+                    window.stages_ms.setdefault(stage, []).extend(values)
         return window
 
     def measure(self, duration_s: float) -> FleetWindow:
