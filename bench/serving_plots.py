@@ -51,7 +51,8 @@ def plot_control_loop(record: dict[str, Any], path: Path) -> None:
     lat_ax.axhline(budget_ms, linestyle='--', color='gray', label='deadline budget')
     for ax in (rate_ax, lat_ax):
         ax.set_xticks(sorted({p['num_robots'] for p in points}))
-        ax.get_xaxis().set_major_formatter(plt.matplotlib.ticker.ScalarFormatter())
+        for axis in (ax.xaxis, ax.yaxis):
+            axis.set_major_formatter(plt.matplotlib.ticker.ScalarFormatter())
         ax.grid(True, which='both', alpha=0.3)
         ax.legend()
     fig.suptitle(f'control loop at {1 / record["plan"]["period_s"]:.0f} Hz per robot')

@@ -121,6 +121,43 @@ def test_null_runner_samples_the_first_allowed_token_only_where_asked():
     assert cost.NullRunner().launch(Batch()).result().next_token_ids == (5, -1)
 
 
+def test_plots_are_written_as_png_files_from_the_json_records(tmp_path):
+    plots = _bench('serving_plots')
+    loop = {
+        'plan': {'budget_s': 0.5, 'period_s': 0.1},
+        'points': [
+            {
+                'system': s,
+                'num_robots': n,
+                'actions_per_s': [10.0 * n / k, 9.0 * n / k],
+                'target_actions_per_s': 20.0 * n,
+                'latency_ms_p99': 100.0 * k,
+            }
+            for s, k in (('vla_sched', 1), ('baseline', 2))
+            for n in (1, 2)
+        ],
+    }
+    itl = {'results': [{'variant': 'sglang', 'itl_clean_p99': 4.0, 'itl_prefill_p99': 9.0}]}
+    cost = {
+        'points': [
+            {'runner': r, 'overlap': o, 'batch_size': b, 'sched_us': 10.0 * b, 'step_us': 40.0 * b}
+            for r in ('null', 'model')
+            for o in (False, True)
+            for b in (1, 4)
+        ]
+    }
+    paths = {}
+    for name, record in (('loop', loop), ('itl', itl), ('cost', cost)):
+        paths[name] = tmp_path / f'{name}.json'
+        paths[name].write_text(json.dumps(record))
+    argv = ['--control-loop', str(paths['loop']), '--itl', str(paths['itl'])]
+    argv += ['--cost', str(paths['cost']), '--out', str(tmp_path / 'img'), '--tag', 't']
+    assert plots.main(argv) == 0
+    for name in ('control_loop_t', 'itl_jump_t', 'scheduler_cost_t'):
+        data = (tmp_path / 'img' / f'{name}.png').read_bytes()
+        assert data.startswith(b'\x89PNG') and len(data) > 10_000
+
+
 # --- end to end, tiny -----------------------------------------------------------------------
 
 
