@@ -49,10 +49,13 @@ def plot_control_loop(record: dict[str, Any], path: Path) -> None:
     lat_ax.set(xlabel='robots', ylabel='chunk latency p99 (ms)', xscale='log', yscale='log')
     budget_ms = 1e3 * record['plan']['budget_s']
     lat_ax.axhline(budget_ms, linestyle='--', color='gray', label='deadline budget')
+    rate_ax.set_yticks([round(t) for _, t in targets])
     for ax in (rate_ax, lat_ax):
         ax.set_xticks(sorted({p['num_robots'] for p in points}))
+        ticker = plt.matplotlib.ticker
         for axis in (ax.xaxis, ax.yaxis):
-            axis.set_major_formatter(plt.matplotlib.ticker.ScalarFormatter())
+            axis.set_major_formatter(ticker.ScalarFormatter())
+            axis.set_minor_formatter(ticker.NullFormatter())
         ax.grid(True, which='both', alpha=0.3)
         ax.legend()
     fig.suptitle(f'control loop at {1 / record["plan"]["period_s"]:.0f} Hz per robot')
