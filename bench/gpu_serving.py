@@ -229,8 +229,8 @@ def control_loops(plan: GpuPlan, folder: Path) -> list[control_loop.LoopPoint] |
 def floor_lines(floor: Floor, single: itl_jump.JumpResult) -> list[str]:
     ratio = single.step_p50 / floor.step_ms
     return [
-        f'Measured: copy {floor.copy_gb_per_s:.0f} GB/s (reads + writes), matmul '
-        f'{floor.matmul_tflops:.0f} TFLOP/s. Decoder weights {floor.decoder_weight_gb:.2f} GB.',
+        f'Measured: copy {floor.copy_gb_per_s:.3g} GB/s (reads + writes), matmul '
+        f'{floor.matmul_tflops:.3g} TFLOP/s. Decoder weights {floor.decoder_weight_gb:.3g} GB.',
         '',
         '| | prefill ms | decode step ms | one robot step ms |',
         '|---|---|---|---|',
@@ -238,7 +238,7 @@ def floor_lines(floor: Floor, single: itl_jump.JumpResult) -> list[str]:
         f'| engine core (p50, p99) | | | {single.step_p50:.2f}, {single.step_p99:.2f} |',
         '',
         f'One robot step / floor: {ratio:.2f}x (target <= 1.5x: '
-        f'{"met" if ratio <= 1.5 else "missed"}); prefill FLOPs {floor.prefill_tflop:.2f} T.',
+        f'{"met" if ratio <= 1.5 else "missed"}); prefill {floor.prefill_tflop:.3g} TFLOP.',
     ]
 
 

@@ -36,8 +36,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np
 
+from bench.scheduler_cost import release_device_memory
 from bench.sim_scheduler import _itl_samples
-from vla_sched.engine.forward_batch import ForwardBatch
+from vla_sched.engine.forward_batch import ForwardBatch, ForwardMode
 from vla_sched.engine.request import FinishKind, Req
 from vla_sched.engine.scheduler_config import PrefillDelayerConfig, SchedulerConfig
 from vla_sched.engine.sim_runner import StepRecord
@@ -204,11 +205,14 @@ def run_variant(variant: Variant, args: argparse.Namespace) -> JumpResult:
     )
     clean, hit = _itl_samples(done, core.steps)
     latency = [(r.times.finished_ns - r.times.arrival_ns) / 1e6 for r in done]
-    m = core.scheduler.metrics
+    num_delayed = core.scheduler.metrics.num_delayed_prefills
+    num_prefills = sum(1 for s in core.steps if s.forward_mode is ForwardMode.EXTEND)
     core.close()
+    del core, done  # the core and its launch hook form a cycle: free it (and its KV) now
+    release_device_memory()
     return JumpResult(
         variant=variant.name,
-        num_steps_done=len(done),
+        num_steps_done=len(latency),
         num_steps_sent=sent,
         itl_clean_p50=_pct(clean, 50),
         itl_clean_p99=_pct(clean, 99),
@@ -218,8 +222,8 @@ def run_variant(variant: Variant, args: argparse.Namespace) -> JumpResult:
         prefill_gap_share=len(hit) / max(1, len(clean) + len(hit)),
         step_p50=_pct(latency, 50),
         step_p99=_pct(latency, 99),
-        num_delayed_prefills=m.num_delayed_prefills,
-        num_prefill_batches=sum(1 for s in core.steps if s.forward_mode.value == 'extend'),
+        num_delayed_prefills=num_delayed,
+        num_prefill_batches=num_prefills,
     )
 
 

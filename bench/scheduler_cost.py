@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import gc
 import json
 import os
 import statistics
@@ -284,16 +285,23 @@ def model_runner_factory(folder: Path, device: str, dtype: torch.dtype):
     graphs = torch.device(device).type == 'cuda'
 
     def factory(memory: KVMemory) -> ModelRunner:
+        # The decode batch is the memory's request rows less the spare one: capture only it.
+        batch_size = memory.req_to_token_pool.num_req_slots - 1
         return ModelRunner(
             model,
             req_to_token=memory.req_to_token_pool.req_to_token,
             num_kv_slots=(memory.allocator.num_pages + 1) * memory.page_size,
-            config=RunnerConfig(
-                cuda_graphs=graphs, decode_batch_sizes=(1, 2, 4, 8, 16, 32, 64, 128, 256)
-            ),
+            config=RunnerConfig(cuda_graphs=graphs, decode_batch_sizes=(batch_size,)),
         )
 
     return factory
+
+
+def release_device_memory() -> None:
+    """Free the last scheduler's KV and graphs before the next one (a 7B KV pool is GBs)."""
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def run(args: argparse.Namespace) -> list[CostPoint]:
@@ -325,6 +333,7 @@ def run(args: argparse.Namespace) -> list[CostPoint]:
                 )
                 print(format_point(point), flush=True)
                 points.append(point)
+                release_device_memory()
     return points
 
 
