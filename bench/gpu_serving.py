@@ -226,8 +226,20 @@ def control_loops(plan: GpuPlan, folder: Path) -> list[control_loop.LoopPoint] |
 # --- the report -----------------------------------------------------------------------------
 
 
-def floor_lines(floor: Floor, single: itl_jump.JumpResult) -> list[str]:
+def floor_lines(
+    floor: Floor, single: itl_jump.JumpResult, cost: list[scheduler_cost.CostPoint]
+) -> list[str]:
+    """The floor against the engine core's step, and against one runner decode step (with
+    CUDA graphs on a GPU) from the scheduler-cost run."""
     ratio = single.step_p50 / floor.step_ms
+    decode = [p for p in cost if p.runner == 'model' and not p.overlap and p.batch_size == 1]
+    decode_row = []
+    if decode:
+        d = decode[0]
+        decode_row = [
+            f'| runner decode step, 1 request (model only, with scheduler) | '
+            f'| {d.model_us / 1e3:.2f}, {d.step_us / 1e3:.2f} | |'
+        ]
     return [
         f'Measured: copy {floor.copy_gb_per_s:.3g} GB/s (reads + writes), matmul '
         f'{floor.matmul_tflops:.3g} TFLOP/s. Decoder weights {floor.decoder_weight_gb:.3g} GB.',
@@ -236,6 +248,7 @@ def floor_lines(floor: Floor, single: itl_jump.JumpResult) -> list[str]:
         '|---|---|---|---|',
         f'| floor | {floor.prefill_ms:.2f} | {floor.decode_ms:.2f} | {floor.step_ms:.2f} |',
         f'| engine core (p50, p99) | | | {single.step_p50:.2f}, {single.step_p99:.2f} |',
+        *decode_row,
         '',
         f'One robot step / floor: {ratio:.2f}x (target <= 1.5x: '
         f'{"met" if ratio <= 1.5 else "missed"}); prefill {floor.prefill_tflop:.3g} TFLOP.',
@@ -244,7 +257,8 @@ def floor_lines(floor: Floor, single: itl_jump.JumpResult) -> list[str]:
 
 def report(plan: GpuPlan, parts: dict, elapsed: dict[str, float]) -> str:
     lines = [f'# Serving on {plan.device} ({"dry run, tiny" if plan.shrink else "OpenVLA-7B"})']
-    lines += ['', '## Floor and one robot', '', *floor_lines(parts['floor'], parts['single'])]
+    lines += ['', '## Floor and one robot', '']
+    lines += floor_lines(parts['floor'], parts['single'], parts['cost'])
     lines += ['', '## Scheduler cost per decode step', '']
     lines.append(scheduler_cost.markdown_table(parts['cost']))
     lines += ['', f'## ITL jump ({plan.itl_robots} robots at 10 Hz)', '', itl_jump.HEADER]
