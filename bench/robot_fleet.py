@@ -7,9 +7,9 @@ Each robot is one rclpy node under its own namespace with the topics of
 keeps the fleet's own CPU cost small and equal for whichever node serves it, which matters
 on a 2-core machine; ``vla_sched.ros.demo`` runs each robot as a process instead.
 
-``measure`` starts fresh logs, lets the robots run for the window and returns a
-``FleetWindow``: chunks, latency samples (now minus the chunk's stamp, the image stamp),
-deadline misses and refusals of every robot during the window only.
+``start_window`` starts fresh logs; ``end_window`` returns a ``FleetWindow``: chunks,
+latency samples (now minus the chunk's stamp, the image stamp), the server's own timing of
+each chunk, deadline misses and refusals of every robot during the window only.
 """
 
 from __future__ import annotations
@@ -172,9 +172,6 @@ class RobotFleet:
             with self._lock:
                 self.executor.spin_once(timeout_sec=0.01)
 
-    def num_chunks_total(self) -> int:
-        return sum(r.log.num_chunks for r in self.robots)
-
     def wait_for_chunks(self, timeout_s: float) -> bool:
         """Wait until every robot got a chunk since its log started; False on timeout."""
         end = time.monotonic() + timeout_s
@@ -205,12 +202,6 @@ class RobotFleet:
                 for stage, values in robot.stages_ms.items():
                     window.stages_ms.setdefault(stage, []).extend(values)
         return window
-
-    def measure(self, duration_s: float) -> FleetWindow:
-        """Fresh logs, ``duration_s`` of running, and what the robots got meanwhile."""
-        self.start_window()
-        time.sleep(duration_s)
-        return self.end_window()
 
     def close(self) -> None:
         self._stop.set()
