@@ -196,6 +196,17 @@ def test_itl_jump_classifies_every_token_gap_of_the_finished_steps(tmp_path):
 
 
 @pytest.mark.slow
+def test_engine_throughput_compares_both_cores_and_splits_the_scheduled_time(capsys):
+    tp = _bench('engine_throughput')
+    assert tp.main(['--robots', '2', '--duration', '1']) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith('| 2 |')]
+    assert [row.split('|')[2].strip() for row in rows] == ['scheduled', 'sequential']
+    scheduled = [float(cell) for cell in rows[0].split('|')[3:8]]
+    assert all(value > 0 for value in scheduled)  # steps/s, latency, model, scheduler, glue
+    assert rows[0].split('|')[8].strip().endswith('x')  # the ratio to the sequential core
+
+
+@pytest.mark.slow
 def test_openvla_shaped_checkpoint_loads_in_both_engines(tmp_path):
     ckpt = _bench('openvla_checkpoint')
     baseline = _bench('baseline_node')
