@@ -100,7 +100,9 @@ class PrefillPass:
         s = self.host
         running = s.running_batch
         preemption = s.config.enable_priority_preemption
-        num_rows_taken = 0
+        # A resumed chunked request is in can_run_list but has held its row since its first
+        # chunk: count it as taken by this pass, or it shrinks the rows left for others.
+        num_rows_taken = sum(1 for r in adder.can_run_list if r.kv.holds_memory)
         decided = False
         for req in list(s.waiting_queue):
             if s.robots.is_busy(req):
