@@ -30,6 +30,7 @@ class EngineConfig:
     decode-only passes follow each prefill, so a new image cannot stall robots mid-decode
     for more than one prefill at a time (0: SGLang's prefill-first). ``cpu_threads`` is
     torch's thread count when the model runs on the CPU (small models run fastest on one).
+    ``cuda_graphs`` replays decode steps as CUDA graphs (GPU only; ignored on the CPU).
     """
 
     model_path: str = ''
@@ -46,6 +47,7 @@ class EngineConfig:
     prefill_decode_interval: int = 1
     enable_overlap: bool = True
     cpu_threads: int = 1
+    cuda_graphs: bool = False
     late_policy: str = 'drop'
     max_instruction_bytes: int = 1024
     stats_period_s: float = 1.0

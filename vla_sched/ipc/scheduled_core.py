@@ -71,7 +71,7 @@ class ScheduledCore:
         from vla_sched.model.checkpoint import load_checkpoint
         from vla_sched.model.model_spec import read_model_spec
         from vla_sched.model.prompt import VLAPromptBuilder
-        from vla_sched.model.runner import ModelRunner
+        from vla_sched.model.runner import ModelRunner, RunnerConfig
 
         self.config = config
         self.spec = read_model_spec(folder)
@@ -95,6 +95,7 @@ class ScheduledCore:
             model,
             req_to_token=self.memory.req_to_token_pool.req_to_token,
             num_kv_slots=(self.memory.allocator.num_pages + 1) * page_size,
+            config=RunnerConfig(cuda_graphs=config.cuda_graphs and device.type == 'cuda'),
         )
         self.scheduler = Scheduler(self._scheduler_config(), self.memory, runner,
                                    clock=time.time_ns)  # fmt: skip

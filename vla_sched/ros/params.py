@@ -106,6 +106,7 @@ def node_specs() -> list[ParamSpec]:
                   choices=('scheduled', 'sequential')),
         ParamSpec('engine.cpu_threads', 1, 'torch threads when the model runs on the CPU',
                   min_value=1, max_value=256),
+        ParamSpec('engine.cuda_graphs', False, 'replay decode steps as CUDA graphs (GPU only)'),
         ParamSpec('engine.heartbeat_period_s', 0.2, 'heartbeat period both ways (s)',
                   min_value=0.01, max_value=10.0),
         ParamSpec('engine.heartbeat_timeout_s', 1.0, 'engine presumed dead after (s)',
@@ -217,6 +218,7 @@ def config_from_values(values: dict[str, Any]) -> FrontendConfig:
         'dtype': values['engine.dtype'],
         'core': values['engine.core'],
         'cpu_threads': values['engine.cpu_threads'],
+        'cuda_graphs': values['engine.cuda_graphs'],
     }
     for key in (
         'policy',
