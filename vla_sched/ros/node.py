@@ -17,9 +17,7 @@ engine is restarted after ``engine.restart_delay_s``.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import sys
-import time
 
 from rclpy.node import Node
 
@@ -41,23 +39,11 @@ from vla_sched.ros.conversions import (
     joint_state_to_vector,
     stamp_to_ns,
 )
+from vla_sched.ros.engine_clock import engine_clock
 from vla_sched.ros.engine_link import EngineLink
 from vla_sched.ros.robot_slot import Observation, Refusal, RobotSlot
 
 NODE_NAME = 'vla_sched'
-
-
-def engine_clock(step: StepRequest, *, now_ns: int) -> StepRequest:
-    """``step`` with its deadline and receipt time on the engine's clock (wall time).
-
-    The node's clock is the ROS clock, which runs on simulated time under use_sim_time;
-    the engine judges deadlines by wall time. The time left stays what it is on the ROS
-    clock. The stamp is the robot's and travels unchanged.
-    """
-    offset = time.time_ns() - now_ns
-    return dataclasses.replace(
-        step, deadline_ns=step.deadline_ns + offset, received_ns=step.received_ns + offset
-    )
 
 
 class RobotTopics:
