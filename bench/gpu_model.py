@@ -39,7 +39,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np
 import torch
 
-from vla_sched.engine.forward_batch import ForwardBatch, ForwardMode, ImageInput, SamplingParams
+from bench.bench_model_cpu import step_batch
+from vla_sched.engine.forward_batch import ForwardMode, ImageInput, SamplingParams
 
 WARMUP_SEED = 10_000
 
@@ -105,27 +106,6 @@ def frames(spec, count: int, seed: int) -> list[np.ndarray]:
     return [rng.integers(0, 256, (size, size, 3), dtype=np.uint8) for _ in range(count)]
 
 
-def step_batch(mode, prompts, prefix_lens, req_to_token, images, sampling) -> ForwardBatch:
-    n = len(prompts)
-    prefix = torch.tensor(prefix_lens, dtype=torch.int64)
-    seq = torch.tensor([len(p) for p in prompts], dtype=torch.int64)
-    ids = [t for p, s in zip(prompts, prefix_lens, strict=True) for t in p[s:]]
-    loc = torch.cat([req_to_token[r, prefix_lens[r] : len(p)] for r, p in enumerate(prompts)])
-    return ForwardBatch(
-        forward_mode=mode,
-        rids=tuple(f'robot{r}' for r in range(n)),
-        req_pool_indices=torch.arange(n, dtype=torch.int64),
-        prefix_lens=prefix,
-        extend_lens=seq - prefix,
-        seq_lens=seq,
-        input_ids=torch.tensor(ids, dtype=torch.int64),
-        out_cache_loc=loc.to(torch.int64),
-        sample=(True,) * n,
-        sampling=(sampling,) * n,
-        images=images,
-    )
-
-
 def run_ours(runner, spec, plan: Plan, batch_size: int, seed: int):
     """One control step for ``batch_size`` robots: (prefill s, decode step s list, tokens)."""
     prompts = [prompt_ids(spec, plan.num_text_tokens, seed) for _ in range(batch_size)]
@@ -136,7 +116,10 @@ def run_ours(runner, spec, plan: Plan, batch_size: int, seed: int):
     )
     sampling = SamplingParams(*spec.action_token_range)
     table = runner.req_to_token
-    batch = step_batch(ForwardMode.EXTEND, prompts, [0] * batch_size, table, images, sampling)
+    batch = step_batch(
+        mode=ForwardMode.EXTEND, prompts=prompts, prefix_lens=[0] * batch_size,
+        req_to_token=table, images=images, sampling=sampling,
+    )  # fmt: skip
     started = time.perf_counter()
     tokens = runner.launch(batch).result().next_token_ids
     prefill = time.perf_counter() - started
@@ -145,7 +128,10 @@ def run_ours(runner, spec, plan: Plan, batch_size: int, seed: int):
         lens = [len(p) for p in prompts]
         prompts = [[*p, t] for p, t in zip(prompts, tokens, strict=True)]
         no_images = ((),) * batch_size
-        batch = step_batch(ForwardMode.DECODE, prompts, lens, table, no_images, sampling)
+        batch = step_batch(
+            mode=ForwardMode.DECODE, prompts=prompts, prefix_lens=lens,
+            req_to_token=table, images=no_images, sampling=sampling,
+        )  # fmt: skip
         started = time.perf_counter()
         tokens = runner.launch(batch).result().next_token_ids
         steps.append(time.perf_counter() - started)

@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np
 
 from bench.scheduler_cost import release_device_memory
-from bench.sim_scheduler import _itl_samples
+from bench.sim_scheduler import itl_samples
 from vla_sched.engine.forward_batch import ForwardBatch, ForwardMode
 from vla_sched.engine.request import FinishKind, Req
 from vla_sched.engine.scheduler_config import PrefillDelayerConfig, SchedulerConfig
@@ -203,7 +203,7 @@ def run_variant(variant: Variant, args: argparse.Namespace) -> JumpResult:
     done, sent = drive(
         core, num_robots=args.robots, period_s=args.period, duration_s=args.duration
     )
-    clean, hit = _itl_samples(done, core.steps)
+    clean, hit = itl_samples(done, core.steps)
     latency = [(r.times.finished_ns - r.times.arrival_ns) / 1e6 for r in done]
     num_delayed = core.scheduler.metrics.num_delayed_prefills
     num_prefills = sum(1 for s in core.steps if s.forward_mode is ForwardMode.EXTEND)

@@ -212,7 +212,7 @@ def simulate(scenario: Scenario, variant: Variant) -> Summary:
     return _summarize(variant, sched, ended, sum(seqs))
 
 
-def _itl_samples(done: list[Req], steps: list[StepRecord]) -> tuple[list[float], list[float]]:
+def itl_samples(done: list[Req], steps: list[StepRecord]) -> tuple[list[float], list[float]]:
     """Inter-token gaps (ms) of completed steps, split by whether a prefill ran inside."""
     prefills = sorted(
         (s.start_ns, s.end_ns) for s in steps if s.forward_mode is ForwardMode.EXTEND
@@ -237,7 +237,7 @@ def _pct(values: list[float], q: float) -> float:
 def _summarize(variant: Variant, sched: Scheduler, ended: list[Req], arrivals: int) -> Summary:
     done = [r for r in ended if r.finished_reason.kind is FinishKind.LENGTH]
     latency = [(r.times.finished_ns - r.times.arrival_ns) / MS for r in done]
-    clean, hit = _itl_samples(done, sched.runner.steps)
+    clean, hit = itl_samples(done, sched.runner.steps)
     m = sched.metrics
     return Summary(
         variant=variant,
