@@ -40,10 +40,17 @@ os.environ.setdefault('HF_HUB_OFFLINE', '1')
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np
+import rclpy
 import torch
+from rclpy.executors import ExternalShutdownException
 from rclpy.node import Node
+from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
+from rclpy.qos import qos_profile_sensor_data as sensor_qos
+from sensor_msgs.msg import Image
+from std_msgs.msg import String
 
-from vla_sched.ros.conversions import ConversionError, image_to_rgb, stamp_to_ns
+from vla_sched.msg import ActionChunk
+from vla_sched.ros.conversions import ConversionError, image_to_rgb, ns_to_stamp, stamp_to_ns
 
 READY_LINE = 'baseline: ready'
 
@@ -92,11 +99,11 @@ class GeneratePolicy:
     def __init__(self, folder: Path, *, device: torch.device, dtype: torch.dtype) -> None:
         import transformers
 
-        from vla_sched.model.model_spec import read_model_spec
+        from vla_sched.model.checkpoint_spec import read_checkpoint_spec
         from vla_sched.model.prompt import VLAPromptBuilder
 
         self.device, self.dtype = device, dtype
-        self.spec = read_model_spec(folder)
+        self.spec = read_checkpoint_spec(folder)
         self.prompts = VLAPromptBuilder.from_checkpoint(folder, spec=self.spec)
         self.model = transformers.LlavaForConditionalGeneration.from_pretrained(
             folder, dtype=dtype
@@ -186,13 +193,6 @@ class BaselineNode(Node):
     """
 
     def __init__(self, args: argparse.Namespace) -> None:
-        from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
-        from rclpy.qos import qos_profile_sensor_data as sensor_qos
-        from sensor_msgs.msg import Image
-        from std_msgs.msg import String
-
-        from vla_sched.msg import ActionChunk
-
         super().__init__('vla_baseline')
         self.args = args
         self.lock = threading.Condition()
@@ -277,9 +277,6 @@ class BaselineNode(Node):
 
 def chunk_message(result: BaselineResult, now_ns: int, *, budget_s: float):
     """The ``ActionChunk`` of a finished request (the fields the vla_sched node fills)."""
-    from vla_sched.msg import ActionChunk
-    from vla_sched.ros.conversions import ns_to_stamp
-
     req, actions = result.request, result.actions
     deadline_ns = req.stamp_ns + round(budget_s * 1e9)
     msg = ActionChunk()
@@ -321,28 +318,28 @@ def pick_device(name: str, *, cpu_threads: int) -> tuple[torch.device, torch.dty
 
 
 def run(args: argparse.Namespace) -> int:
-    import rclpy
-    from rclpy.executors import ExternalShutdownException
-
-    from vla_sched.ipc.checkpoints import resolve_checkpoint
+    from vla_sched.serving.checkpoints import resolve_checkpoint
 
     folder, _ = resolve_checkpoint(args.model_path)
     device, dtype = pick_device(args.device, cpu_threads=args.cpu_threads)
     policy = GeneratePolicy(folder, device=device, dtype=dtype)
-    rclpy.init(args=['baseline_node'])
-    node = BaselineNode(args)
-    worker = threading.Thread(target=serve, args=(policy, node), name='generate', daemon=True)
-    worker.start()
-    print(f'{READY_LINE}: {folder.name} on {device} ({dtype}), {args.robots} robots', flush=True)
     try:
-        rclpy.spin(node)
+        with rclpy.init(args=['baseline_node']), BaselineNode(args) as node:
+            worker = threading.Thread(
+                target=serve, args=(policy, node), name='generate', daemon=True
+            )
+            worker.start()
+            print(
+                f'{READY_LINE}: {folder.name} on {device} ({dtype}), {args.robots} robots',
+                flush=True,
+            )
+            try:
+                rclpy.spin(node)
+            finally:
+                node.stop()
+                worker.join(timeout=30)
     except (KeyboardInterrupt, ExternalShutdownException):
         pass
-    finally:
-        node.stop()
-        worker.join(timeout=30)
-        node.destroy_node()
-        rclpy.try_shutdown()
     return 0
 
 

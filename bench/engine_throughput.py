@@ -27,12 +27,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np
 
 from bench.scheduler_cost import StopWatch
-from vla_sched.ipc.cores import build_core
-from vla_sched.ipc.engine_config import EngineConfig
 from vla_sched.ipc.messages import StepRequest, StepResult
 from vla_sched.ros.sim_robot import synthetic_frame
-
-CORES = ('scheduled', 'sequential')
+from vla_sched.serving.core_factory import build_core
+from vla_sched.serving.engine_config import CORES, EngineConfig
 
 
 @dataclass(frozen=True, slots=True)

@@ -116,9 +116,11 @@ def copy_bandwidth_gbs(timer: Timer, num_bytes: int) -> float:
 
 def paged_cache(plan: BenchPlan, seq_lens: list[int], seed: int) -> dict:
     """A fresh KV cache whose requests own shuffled pages, as the engine's allocator hands out."""
+    from vla_sched.engine.memory.pages import num_pages_for
+
     generator = torch.Generator(device=plan.device).manual_seed(seed)
     device, page = plan.device, plan.page_size
-    pages_per_req = [-(-length // page) for length in seq_lens]
+    pages_per_req = [num_pages_for(length, page) for length in seq_lens]
     num_pages = sum(pages_per_req) + 1
     shape = (num_pages * page, plan.num_kv_heads, plan.head_dim)
     k_cache = torch.randn(shape, generator=generator, device=device).to(plan.dtype)

@@ -133,7 +133,7 @@ def _median_time(device: torch.device, fn, reps: int = 10) -> float:
 
 def measure_floor(folder: Path, device: torch.device, dtype: torch.dtype) -> Floor:
     """Copy bandwidth and matmul rate on ``device``, and the floor of one robot's step."""
-    from vla_sched.model.model_spec import read_model_spec
+    from vla_sched.model.checkpoint_spec import read_checkpoint_spec
     from vla_sched.model.weights import decoder_shapes, projector_shapes, siglip_tower_shapes
 
     num_bytes = (1 << 30) if device.type == 'cuda' else (64 << 20)
@@ -144,7 +144,7 @@ def measure_floor(folder: Path, device: torch.device, dtype: torch.dtype) -> Flo
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
     flops_per_s = 2 * n**3 / _median_time(device, lambda: torch.mm(a, b))
-    spec = read_model_spec(folder)
+    spec = read_checkpoint_spec(folder)
     element = torch.finfo(dtype).bits // 8
     shapes = decoder_shapes(spec.decoder)
     decoder_params = sum(math.prod(s) for k, s in shapes.items() if 'embed_tokens' not in k)

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from vla_sched.model.model_spec import (
+from vla_sched.model.checkpoint_spec import (
     CONFIG_FILE,
     PREPROCESSOR_FILE,
     TOKENIZER_FILE,

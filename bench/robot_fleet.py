@@ -14,6 +14,7 @@ each chunk, deadline misses and refusals of every robot during the window only.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
 import time
@@ -21,7 +22,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import rclpy
+from rclpy.executors import SingleThreadedExecutor
+from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
+from rclpy.qos import qos_profile_sensor_data as sensor_qos
+from sensor_msgs.msg import Image, JointState
+from std_msgs.msg import String
 
+from vla_sched.msg import ActionChunk, StepRejected
 from vla_sched.ros.conversions import rgb_to_image, stamp_to_ns
 from vla_sched.ros.sim_robot import DEFAULT_JOINTS, SimRobotLog, joint_state, synthetic_frame
 
@@ -85,14 +93,6 @@ class FleetRobot:
     """One simulated robot (topics and behaviour of ``vla_sched.ros.sim_robot``)."""
 
     def __init__(self, context, robot_id: str, config: FleetConfig) -> None:
-        import rclpy
-        from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
-        from rclpy.qos import qos_profile_sensor_data as sensor_qos
-        from sensor_msgs.msg import Image, JointState
-        from std_msgs.msg import String
-
-        from vla_sched.msg import ActionChunk, StepRejected
-
         self.robot_id = robot_id
         self.config = config
         self.node = rclpy.create_node(f'sim_{robot_id}', namespace=robot_id, context=context)
@@ -144,23 +144,27 @@ class FleetRobot:
 
 
 class RobotFleet:
-    """``num_robots`` simulated robots ``robot_0..`` spinning on one background thread."""
+    """``num_robots`` simulated robots ``robot_0..`` spinning on one background thread.
+
+    The fleet has an rclpy context of its own, initialized here and shut down by ``close``
+    after the executor and the robots' nodes.
+    """
 
     def __init__(self, num_robots: int, config: FleetConfig | None = None) -> None:
-        import rclpy
-        from rclpy.executors import SingleThreadedExecutor
-
         if num_robots < 1:
             raise ValueError(f'num_robots must be >= 1, got {num_robots}')
         self.config = config if config is not None else FleetConfig()
         self.context = rclpy.Context()
-        rclpy.init(args=[], context=self.context)
-        self.robots = [
-            FleetRobot(self.context, f'robot_{i}', self.config) for i in range(num_robots)
-        ]
-        self.executor = SingleThreadedExecutor(context=self.context)
-        for robot in self.robots:
-            self.executor.add_node(robot.node)
+        self.robots: list[FleetRobot] = []
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(rclpy.init(args=[], context=self.context))
+            for i in range(num_robots):
+                self.robots.append(FleetRobot(self.context, f'robot_{i}', self.config))
+                stack.callback(self.robots[-1].close)
+            self.executor = stack.enter_context(SingleThreadedExecutor(context=self.context))
+            for robot in self.robots:
+                self.executor.add_node(robot.node)
+            self._ros = stack.pop_all()
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._window_start = time.monotonic()
@@ -204,9 +208,7 @@ class RobotFleet:
         return window
 
     def close(self) -> None:
+        """Stop the spin thread; shut down the executor, the robots' nodes, the context."""
         self._stop.set()
         self._thread.join(timeout=5)
-        self.executor.shutdown()
-        for robot in self.robots:
-            robot.close()
-        self.context.try_shutdown()
+        self._ros.close()

@@ -49,11 +49,12 @@ from vla_sched.engine.forward_batch import (
     ImageInput,
     SamplingParams,
 )
-from vla_sched.engine.kv_config import KVMemoryConfig
-from vla_sched.engine.kv_memory import KVMemory
-from vla_sched.engine.request import Req
-from vla_sched.engine.scheduler import Scheduler
-from vla_sched.engine.scheduler_config import SchedulerConfig
+from vla_sched.engine.memory.kv_config import KVMemoryConfig
+from vla_sched.engine.memory.kv_memory import KVMemory
+from vla_sched.engine.memory.pages import round_up_to_page
+from vla_sched.engine.scheduling.request import Req
+from vla_sched.engine.scheduling.scheduler import Scheduler
+from vla_sched.engine.scheduling.scheduler_config import SchedulerConfig
 
 RUNNERS = ('null', 'model')
 PAGE_SIZE = 16
@@ -127,10 +128,10 @@ class PromptShape:
 
 
 def prompt_shape(folder: Path) -> PromptShape:
-    from vla_sched.model.model_spec import read_model_spec
+    from vla_sched.model.checkpoint_spec import read_checkpoint_spec
     from vla_sched.model.prompt import VLAPromptBuilder
 
-    spec = read_model_spec(folder)
+    spec = read_checkpoint_spec(folder)
     layout = VLAPromptBuilder.from_checkpoint(folder, spec=spec).build('pick up the red block')
     return PromptShape(
         token_ids=layout.token_ids,
@@ -173,7 +174,7 @@ def build_scheduler(
     runner_factory: Callable[[KVMemory], Any],
 ) -> Scheduler:
     context = len(shape.token_ids) + max_new_tokens + PAGE_SIZE
-    context = -(-context // PAGE_SIZE) * PAGE_SIZE
+    context = round_up_to_page(context, PAGE_SIZE)
     memory = KVMemory(
         KVMemoryConfig(
             num_pages=batch_size * context // PAGE_SIZE + 16,
@@ -305,7 +306,7 @@ def release_device_memory() -> None:
 
 
 def run(args: argparse.Namespace) -> list[CostPoint]:
-    from vla_sched.ipc.checkpoints import resolve_checkpoint
+    from vla_sched.serving.checkpoints import resolve_checkpoint
 
     folder, _ = resolve_checkpoint(args.model_path)
     shape = prompt_shape(folder)

@@ -33,12 +33,12 @@ import numpy as np
 import torch
 
 from vla_sched.engine.forward_batch import ForwardMode, ImageInput, SamplingParams
-from vla_sched.engine.kv_config import KVMemoryConfig
-from vla_sched.engine.kv_memory import KVMemory
-from vla_sched.engine.radix_key import RadixKey
-from vla_sched.engine.request import FinishKind, Req
-from vla_sched.engine.scheduler import Scheduler
-from vla_sched.engine.scheduler_config import (
+from vla_sched.engine.memory.kv_config import KVMemoryConfig
+from vla_sched.engine.memory.kv_memory import KVMemory
+from vla_sched.engine.memory.radix_key import RadixKey
+from vla_sched.engine.scheduling.request import FinishKind, Req
+from vla_sched.engine.scheduling.scheduler import Scheduler
+from vla_sched.engine.scheduling.scheduler_config import (
     SCHEDULE_POLICIES,
     PrefillDelayerConfig,
     SchedulerConfig,

@@ -202,7 +202,10 @@ def test_engine_throughput_compares_both_cores_and_splits_the_scheduled_time(cap
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith('| 2 |')]
     assert [row.split('|')[2].strip() for row in rows] == ['scheduled', 'sequential']
     scheduled = [float(cell) for cell in rows[0].split('|')[3:8]]
-    assert all(value > 0 for value in scheduled)  # steps/s, latency, model, scheduler, glue
+    assert all(value > 0 for value in scheduled[:4])  # steps/s, latency, model, scheduler
+    # Glue is busy time minus model and scheduler time, clamped at 0: on a loaded machine
+    # the three measurements can leave nothing between them.
+    assert scheduled[4] >= 0
     assert rows[0].split('|')[8].strip().endswith('x')  # the ratio to the sequential core
 
 

@@ -63,12 +63,20 @@ def test_every_message_type_round_trips():
             num_delayed_prefills=4,
             kv_use_percent=12.5,
             cache_hit_rate=0.75,
-            step_ms_p50=10.0,
-            step_ms_p99=20.0,
+            arrival_to_finish_ms_p50=10.0,
+            arrival_to_finish_ms_p99=20.0,
             itl_ms_p50=1.0,
             itl_ms_p99=2.0,
             aborts_by_reason={'kv_pool_full': 1},
-            robots={'a': m.RobotStats(num_steps_done=5, num_retracts=1)},
+            robots={
+                'a': m.RobotStats(
+                    num_retracts=1,
+                    num_cached_session_prefix_tokens=32,
+                    ttft_ms_p50=4.5,
+                    itl_ms_p50=1.5,
+                    itl_ms_p99=3.0,
+                )
+            },
         ),
     ]
     for msg in msgs:

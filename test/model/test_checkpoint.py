@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from vla_sched.model.action_tokenizer import ActionStatisticsError
+from vla_sched.model.architecture import UnsupportedArchitectureError
 from vla_sched.model.checkpoint import load_checkpoint
-from vla_sched.model.model_spec import CheckpointError, read_model_spec
+from vla_sched.model.checkpoint_spec import CheckpointError, read_checkpoint_spec
 from vla_sched.model.presets import preset_spec
-from vla_sched.model.spec import UnsupportedArchitectureError
 from vla_sched.model.tiny_checkpoint import build_tiny_checkpoint, random_model
 
 
@@ -32,7 +32,7 @@ def test_builder_is_deterministic_and_seeded(tmp_path):
 
 
 def test_spec_reports_image_tokens_action_range_horizon_and_dof(tiny_dir):
-    spec = read_model_spec(tiny_dir)
+    spec = read_checkpoint_spec(tiny_dir)
     assert spec.num_image_tokens == 16
     assert spec.action_token_range == (260, 516)
     assert (spec.action_horizon, spec.action_dim, spec.num_action_tokens) == (1, 7, 7)
@@ -99,7 +99,7 @@ def test_missing_action_statistics_are_reported(tmp_path):
     folder = build_tiny_checkpoint(tmp_path)
     (folder / 'dataset_statistics.json').unlink()
     with pytest.raises(ActionStatisticsError, match='missing action statistics'):
-        read_model_spec(folder)
+        read_checkpoint_spec(folder)
 
 
 def test_statistics_inside_config_json_are_used_as_openvla_ships_them(tmp_path):
@@ -107,7 +107,7 @@ def test_statistics_inside_config_json_are_used_as_openvla_ships_them(tmp_path):
     stats = json.loads((folder / 'dataset_statistics.json').read_text())
     (folder / 'dataset_statistics.json').unlink()
     _edit_config(folder, lambda c: c.update(norm_stats=stats))
-    assert read_model_spec(folder).action_dim == 7
+    assert read_checkpoint_spec(folder).action_dim == 7
 
 
 def test_pickle_weights_are_never_loaded(tmp_path):
@@ -148,7 +148,7 @@ def test_several_datasets_need_an_unnorm_key_before_actions_decode(tmp_path):
     vla = json.loads((folder / 'vla_config.json').read_text())
     vla.pop('unnorm_key')
     (folder / 'vla_config.json').write_text(json.dumps(vla))
-    spec = read_model_spec(folder)
+    spec = read_checkpoint_spec(folder)
     with pytest.raises(ActionStatisticsError, match='pass an unnorm_key'):
         spec.action_decoder()
     assert spec.with_unnorm_key('other_robot').action_dim == 6

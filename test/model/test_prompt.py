@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from vla_sched.model.model_spec import PromptTemplate
+from vla_sched.model.checkpoint_spec import PromptTemplate
 from vla_sched.model.prompt import VLAPromptBuilder
 
 

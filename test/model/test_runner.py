@@ -119,7 +119,9 @@ def test_padded_decode_path_equals_the_plain_path_and_keeps_real_kv(tiny_model, 
         real = slots.req_to_token[:3, : len(grown[0])].reshape(-1).long()
         results.append((tokens, runner.kv_caches[1][0][real].clone()))
     assert results[0][0] == results[1][0]
-    assert torch.equal(results[0][1], results[1][1])
+    # A padded batch runs other matmul shapes: equal up to float32 rounding, while a pad
+    # row writing into a real slot would change that slot's KV entirely.
+    torch.testing.assert_close(results[0][1], results[1][1], rtol=1e-5, atol=1e-5)
 
 
 def test_triton_kernels_under_the_interpreter_match_the_torch_path(tiny_model, prompt_builder):

@@ -1,4 +1,12 @@
-"""Imports go one way (ros -> ipc -> engine -> model -> kernels) and the engine needs no ROS."""
+"""Imports go one way and the engine needs no ROS.
+
+    ros -> serving -> ipc          (the node, the serving logic, the transport)
+            serving -> model -> engine   (model runner -> the scheduler's plain-data seam)
+                       model -> kernels
+    engine/scheduling -> engine/memory
+
+ipc holds only messages, their codec, channels and heartbeats; it imports no other layer.
+"""
 
 from __future__ import annotations
 
@@ -11,11 +19,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 # For each layer, the vla_sched subpackages and third-party modules it must never import.
+_ALL = {'vla_sched.ros', 'vla_sched.serving', 'vla_sched.ipc', 'vla_sched.engine',
+        'vla_sched.model', 'rclpy'}  # fmt: skip
 FORBIDDEN = {
-    'vla_sched/engine': {'vla_sched.ros', 'vla_sched.ipc', 'vla_sched.model', 'rclpy'},
-    'vla_sched/model': {'vla_sched.ros', 'vla_sched.ipc', 'rclpy'},
-    'vla_sched/ipc': {'vla_sched.ros', 'rclpy'},
-    'kernels': {'vla_sched.ros', 'vla_sched.ipc', 'vla_sched.engine', 'vla_sched.model', 'rclpy'},
+    'vla_sched/serving': {'vla_sched.ros', 'rclpy'},
+    'vla_sched/ipc': _ALL - {'vla_sched.ipc'},
+    'vla_sched/model': {'vla_sched.ros', 'vla_sched.serving', 'vla_sched.ipc', 'rclpy'},
+    'vla_sched/engine': _ALL - {'vla_sched.engine'},
+    'vla_sched/engine/memory': (_ALL - {'vla_sched.engine'}) | {'vla_sched.engine.scheduling'},
+    'kernels': _ALL,
 }
 ROS_MESSAGE_MODULES = (
     'std_msgs',

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+from analyzer_rules import Rule, claims, rules_from_params
 
-from vla_sched.ros.analyzer_rules import Rule, claims, rules_from_params
 from vla_sched.ros.diagnostics import status_names
 
 ROOT = Path(__file__).resolve().parents[2]

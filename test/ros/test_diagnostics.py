@@ -9,8 +9,8 @@ from builtin_interfaces.msg import Time
 
 from vla_sched.ipc.messages import EngineStats, RobotStats
 from vla_sched.ros import diagnostics as d
-from vla_sched.ros.config import DiagnosticsConfig
 from vla_sched.ros.engine_link import DEAD, READY, STARTING, EngineView
+from vla_sched.ros.node_config import DiagnosticsConfig
 from vla_sched.ros.robot_slot import RobotView
 
 CFG = DiagnosticsConfig(queue_warn_threshold=4, rate_warn_fraction=0.8, silent_robot_s=3.0)
@@ -27,15 +27,25 @@ def _stats(**overrides) -> EngineStats:
         num_delayed_prefills=4,
         kv_use_percent=37.5,
         cache_hit_rate=0.625,
-        step_ms_p50=11.0,
-        step_ms_p99=19.5,
+        arrival_to_finish_ms_p50=11.0,
+        arrival_to_finish_ms_p99=19.5,
         itl_ms_p50=3.25,
         itl_ms_p99=7.75,
         aborts_by_reason={'kv_pool_full': 2, 'deadline_missed': 1},
-        robots={'r1': RobotStats(num_retracts=3, num_cached_prefix_tokens=40)},
+        robots={'r1': _robot_stats()},
     )
     fields.update(overrides)
     return EngineStats(**fields)
+
+
+def _robot_stats() -> RobotStats:
+    return RobotStats(
+        num_retracts=3,
+        num_cached_session_prefix_tokens=40,
+        ttft_ms_p50=21.5,
+        itl_ms_p50=2.25,
+        itl_ms_p99=6.5,
+    )
 
 
 def _engine(state: str = READY, **overrides) -> EngineView:
@@ -63,8 +73,8 @@ def _robot(**overrides) -> RobotView:
         target_rate_hz=10.0,
         action_rate_hz=9.5,
         rate_judged=True,
-        latency_ms_p50=40.0,
-        latency_ms_p99=80.0,
+        stamp_to_publish_ms_p50=40.0,
+        stamp_to_publish_ms_p99=80.0,
         num_chunks=100,
         num_deadline_misses=1,
         num_superseded=7,
@@ -73,8 +83,6 @@ def _robot(**overrides) -> RobotView:
         last_error='',
         silent_s=0.1,
         seen_image=True,
-        num_cached_prefix_tokens=32,
-        in_flight=False,
     )
     fields.update(overrides)
     return RobotView(**fields)
@@ -94,8 +102,10 @@ def test_healthy_scheduler_is_ok_with_every_key_in_order():
     assert values['delayed prefills'] == '4'
     assert values['KV pool use (%)'] == '37.5'
     assert values['radix cache hit rate'] == '0.625'
-    assert values['step latency p99 (ms)'] == '19.50'
+    assert values['engine step latency (arrival to finish) p50 (ms)'] == '11.00'
+    assert values['engine step latency (arrival to finish) p99 (ms)'] == '19.50'
     assert values['inter-token latency p50 (ms)'] == '3.25'
+    assert values['inter-token latency p99 (ms)'] == '7.75'
     assert values['engine heartbeat age (s)'] == '0.10'
     assert values['engine pid'] == '4242'
     assert 'random weights' in values['model']
@@ -130,15 +140,20 @@ def test_starting_engine_is_warn():
 
 
 def test_healthy_robot_is_ok_with_every_key_and_its_id_as_hardware_id():
-    data = d.robot_data(_robot(), RobotStats(num_retracts=3, num_cached_prefix_tokens=40), CFG)
+    data = d.robot_data(_robot(), _robot_stats(), CFG)
     assert data.name == 'vla_sched: robot r1' and data.hardware_id == 'r1'
     assert data.level == d.OK
     assert [k for k, _ in data.values] == list(d.ROBOT_KEYS)
     values = dict(data.values)
     assert values['action rate (Hz)'] == '9.50' and values['target rate (Hz)'] == '10.00'
-    assert values['step latency p99 (ms)'] == '80.0'
+    assert values['latency (image stamp to publish) p50 (ms)'] == '40.0'
+    assert values['latency (image stamp to publish) p99 (ms)'] == '80.0'
     assert values['deadline misses'] == '1' and values['superseded observations'] == '7'
+    # what only the engine knows about the robot
     assert values['cached session prefix tokens'] == '40' and values['retracts'] == '3'
+    assert values['engine time to first token (arrival to first token) p50 (ms)'] == '21.50'
+    assert values['inter-token latency p50 (ms)'] == '2.25'
+    assert values['inter-token latency p99 (ms)'] == '6.50'
     assert values['last error'] == 'none'
 
 
@@ -175,6 +190,18 @@ def test_diagnostic_array_holds_the_scheduler_then_each_robot():
     r1 = {kv.key: kv.value for kv in msg.status[1].values}
     r2 = {kv.key: kv.value for kv in msg.status[2].values}
     assert (r1['retracts'], r2['retracts']) == ('3', 'n/a')
+    assert (r1['inter-token latency p99 (ms)'], r2['inter-token latency p99 (ms)']) == (
+        '6.50',
+        'n/a',
+    )
+
+
+def test_without_engine_stats_a_robots_engine_numbers_are_unknown():
+    data = d.robot_data(_robot(), None, CFG)
+    assert [k for k, _ in data.values] == list(d.ROBOT_KEYS)
+    values = dict(data.values)
+    assert all(values[key] == 'n/a' for key in d.ENGINE_ROBOT_KEYS)
+    assert values['latency (image stamp to publish) p99 (ms)'] == '80.0'
 
 
 @pytest.mark.parametrize('robot_id', ['robot_0', 'arm_left', 'R2'])

@@ -10,15 +10,15 @@ import rclpy
 import yaml
 from rclpy.parameter import Parameter
 
-from vla_sched.ipc.engine_config import EngineConfig
-from vla_sched.ros import params
-from vla_sched.ros.config import (
+from vla_sched.ros import parameters
+from vla_sched.ros.node_config import (
     ConfigError,
     DiagnosticsConfig,
-    EngineLinkConfig,
     FrontendConfig,
     RobotConfig,
 )
+from vla_sched.serving.engine_config import EngineConfig, EngineConfigError, EngineLinkConfig
+from vla_sched.settings import settings_of
 
 ROOT = Path(__file__).resolve().parents[2]
 PARAMS_FILE = ROOT / 'config' / 'vla_sched.yaml'
@@ -34,14 +34,58 @@ def _flatten(tree: dict, prefix: str = '') -> dict:
     return out
 
 
+def _file_tree() -> dict:
+    return yaml.safe_load(PARAMS_FILE.read_text())['vla_sched']['ros__parameters']
+
+
 def _file_values() -> dict:
-    return _flatten(yaml.safe_load(PARAMS_FILE.read_text())['vla_sched']['ros__parameters'])
+    return _flatten(_file_tree())
 
 
-def test_the_params_file_lists_every_declared_parameter_and_nothing_else():
-    declared = {s.name for s in params.node_specs()}
-    declared |= {s.name for s in params.robot_specs('robot_0', {})}
-    assert set(_file_values()) == declared
+def _as_declared(value):
+    """A YAML value as the parameters hold it (lists become tuples)."""
+    return tuple(value) if isinstance(value, list) else value
+
+
+# The file serves four robots as an example; its robots.<id> sections are examples too.
+EXAMPLE_PARAMS = {'robot_ids'}
+
+
+def test_the_params_file_documents_every_node_parameter_with_its_default():
+    file_values = {k: v for k, v in _file_values().items() if not k.startswith('robots.')}
+    specs = {s.name: s for s in parameters.node_specs()}
+    assert set(file_values) == set(specs)
+    wrong = {}
+    for name, spec in specs.items():
+        value = _as_declared(file_values[name])
+        if name not in EXAMPLE_PARAMS and (
+            value != spec.default or type(value) is not type(spec.default)
+        ):
+            wrong[name] = (file_values[name], spec.default)
+    assert wrong == {}
+
+
+def test_each_robot_section_of_the_params_file_lists_exactly_the_robot_parameters():
+    robots = _file_tree()['robots']
+    assert robots, 'the file should show at least one robots.<id> section'
+    for robot_id, section in robots.items():
+        expected = {s.name for s in parameters.robot_specs(robot_id, {})}
+        assert {f'robots.{robot_id}.{key}' for key in section} == expected, robot_id
+
+
+def test_every_dataclass_setting_is_declared_with_its_default():
+    specs = {s.name: s for s in parameters.all_specs(['r'], {})}
+    config = FrontendConfig(robots=(RobotConfig('r'),))
+    for holder in (config, config.engine, config.link, config.diagnostics):
+        for setting in settings_of(type(holder)):
+            if setting.group:  # the others are filled in by the node
+                assert specs.pop(setting.label).default == getattr(holder, setting.name)
+    for setting in settings_of(RobotConfig):
+        default = getattr(config.robot('r'), setting.name)
+        assert specs.pop(f'robots.r.{setting.name}').default == default
+        if setting.name != 'namespace':  # each robot has its own
+            assert specs.pop(f'robot_defaults.{setting.name}').default == default
+    assert set(specs) == {'robot_ids'}  # the one parameter that is no dataclass field
 
 
 def test_every_parameter_in_the_params_file_has_a_comment():
@@ -63,27 +107,30 @@ def test_every_parameter_in_the_params_file_has_a_comment():
 
 
 def test_the_params_file_builds_a_valid_config_and_engine_settings():
-    values = {s.name: s.default for s in params.node_specs()}
+    values = {s.name: s.default for s in parameters.node_specs()}
     values.update(_file_values())
     defaults = {
         k.split('.', 1)[1]: v for k, v in values.items() if k.startswith('robot_defaults.')
     }
-    for spec in params.all_specs(values['robot_ids'], defaults):
+    for spec in parameters.all_specs(values['robot_ids'], defaults):
         values.setdefault(spec.name, spec.default)
     values = {
-        name: params.check_value(spec, values[name])
-        for spec in params.all_specs(values['robot_ids'], defaults)
+        name: parameters.check_value(spec, values[name])
+        for spec in parameters.all_specs(values['robot_ids'], defaults)
         for name in [spec.name]
     }
-    config = params.config_from_values(values)
+    config = parameters.config_from_values(values)
     assert [r.robot_id for r in config.robots] == ['robot_0', 'robot_1', 'robot_2', 'robot_3']
     assert config.robot('robot_0').priority == 1
     assert config.robot('robot_1').state_joint_names == ()
-    engine = EngineConfig.from_mapping(config.engine_config())
+    engine = config.engine_config()
+    assert EngineConfig.from_mapping(engine.to_mapping()) == engine  # as the link carries it
     assert engine.robots == {}  # priorities travel only when priority scheduling is on
     assert engine.stats_period_s == config.diagnostics.period_s
-    link = dataclasses.replace(config.link, engine={**config.link.engine, 'enable_priority': True})
-    engine = EngineConfig.from_mapping(dataclasses.replace(config, link=link).engine_config())
+    assert engine.max_instruction_bytes == config.max_instruction_bytes
+    assert engine.late_policy == config.late_policy
+    with_priority = dataclasses.replace(config.engine, enable_priority=True)
+    engine = dataclasses.replace(config, engine=with_priority).engine_config()
     assert engine.robots == {
         'robot_0': {'priority': 1},
         **{f'robot_{i}': {'priority': 0} for i in (1, 2, 3)},
@@ -95,7 +142,9 @@ def test_the_params_file_builds_a_valid_config_and_engine_settings():
     [
         ({'robot_id': '0bad'}, 'must start with a letter'),
         ({'robot_id': 'a', 'trigger': 'sometimes'}, 'robots.a.trigger'),
-        ({'robot_id': 'a', 'period_s': 0.0}, 'robots.a.period_s must be > 0'),
+        ({'robot_id': 'a', 'period_s': 0.0}, r'robots\.a\.period_s must be in \[0\.001, 60'),
+        ({'robot_id': 'a', 'priority': 1.5}, r'robots\.a\.priority must be int'),
+        ({'robot_id': 'a', 'state_joint_names': ['j']}, 'must be a list of strings'),
         ({'robot_id': 'a', 'state_joint_names': ('j', 'j')}, 'lists a name twice'),
         ({'robot_id': 'a', 'namespace': 'has space'}, 'not a valid namespace'),
         (
@@ -120,14 +169,63 @@ def test_node_level_settings_are_checked_as_a_whole():
         FrontendConfig(robots=(RobotConfig('a'), RobotConfig('a')))
     with pytest.raises(ConfigError, match='share a namespace'):
         FrontendConfig(robots=(RobotConfig('a'), RobotConfig('b', namespace='a')))
-    with pytest.raises(ConfigError, match='below heartbeat_timeout_s'):
+    with pytest.raises(EngineConfigError, match=r'below engine\.heartbeat_timeout_s'):
         EngineLinkConfig(heartbeat_period_s=1.0, heartbeat_timeout_s=1.0)
-    with pytest.raises(ConfigError, match='set by the node'):
-        EngineLinkConfig(engine={'robots': {}})
-    with pytest.raises(ConfigError, match='fcfs or lof'):
-        EngineLinkConfig(engine={'enable_priority': True, 'policy': 'lpm'})
-    with pytest.raises(ConfigError, match='rate_warn_fraction must be <= 1'):
+    with pytest.raises(
+        ConfigError, match=r"engine settings \['late_policy'\] are set by the node"
+    ):
+        FrontendConfig(robots=(RobotConfig('a'),), engine=EngineConfig(late_policy='deliver_late'))
+    with pytest.raises(ConfigError, match=r"\['robots'\] are set by the node"):
+        FrontendConfig(robots=(RobotConfig('a'),), engine=EngineConfig(robots={'a': {}}))
+    with pytest.raises(EngineConfigError, match='fcfs or lof'):
+        EngineConfig(enable_priority=True, policy='lpm')
+    with pytest.raises(
+        ConfigError, match=r'diagnostics\.rate_warn_fraction must be in \[0\.01, 1\.0\]'
+    ):
         DiagnosticsConfig(rate_warn_fraction=1.5)
+    with pytest.raises(ConfigError, match=r'deadlines\.late_policy must be one of'):
+        FrontendConfig(robots=(RobotConfig('a'),), late_policy='never')
+
+
+def _default_values(robot_ids=('robot_0',)) -> dict:
+    return {s.name: s.default for s in parameters.all_specs(robot_ids, {})}
+
+
+def _other_value(setting):
+    """A valid value of ``setting`` other than its default."""
+    if isinstance(setting.default, bool):
+        return not setting.default
+    if setting.choices:
+        return next(c for c in reversed(setting.choices) if c != setting.default)
+    if setting.min_value is not None:
+        return type(setting.default)(setting.max_value)
+    return setting.default + 1 if isinstance(setting.default, int) else f'{setting.default}x'
+
+
+def test_every_parameter_reaches_its_field_of_the_config():
+    specs = parameters.node_specs()
+    values = _default_values()
+    values.update({s.name: _other_value(s.setting) for s in specs if s.name != 'robot_ids'})
+    values.update({s.name: _other_value(s.setting) for s in parameters.robot_specs('robot_0', {})})
+    values['robots.robot_0.namespace'] = 'ns_0'
+    values['robots.robot_0.state_joint_names'] = ('j0',)
+    values['robots.robot_0.action_joint_names'] = ('a0',)
+    values['robots.robot_0.action_space'] = 'joint_position'  # publish_joint_trajectory is on
+    config = parameters.config_from_values(values)
+    for holder in (config, config.engine, config.link, config.diagnostics):
+        for setting in settings_of(type(holder)):
+            if setting.group:
+                assert getattr(holder, setting.name) == values[setting.label], setting.label
+    robot = config.robot('robot_0')
+    for setting in settings_of(RobotConfig):
+        assert getattr(robot, setting.name) == values[f'robots.robot_0.{setting.name}']
+
+
+def test_inconsistent_engine_parameters_fail_as_config_errors_naming_them():
+    values = _default_values()
+    values.update({'scheduler.enable_priority': True, 'scheduler.policy': 'lpm'})
+    with pytest.raises(ConfigError, match=r'scheduler\.enable_priority works with policy fcfs'):
+        parameters.config_from_values(values)
 
 
 def test_action_names_default_to_ee_delta_names_and_must_match_the_checkpoint():
@@ -138,18 +236,51 @@ def test_action_names_default_to_ee_delta_names_and_must_match_the_checkpoint():
 
 
 def test_check_value_normalises_lists_and_refuses_wrong_types_and_ranges():
-    specs = {s.name: s for s in params.node_specs()}
-    assert params.check_value(specs['robot_defaults.state_joint_names'], None) == ()
-    assert params.check_value(specs['robot_defaults.state_joint_names'], ['a']) == ('a',)
-    assert params.check_value(specs['deadlines.step_budget_s'], 2) == 2.0
+    specs = {s.name: s for s in parameters.node_specs()}
+    assert parameters.check_value(specs['robot_defaults.state_joint_names'], None) == ()
+    assert parameters.check_value(specs['robot_defaults.state_joint_names'], ['a']) == ('a',)
+    assert parameters.check_value(specs['deadlines.step_budget_s'], 2) == 2.0
     with pytest.raises(ConfigError, match='must be a list of strings'):
-        params.check_value(specs['robot_defaults.action_joint_names'], [1, 2])
+        parameters.check_value(specs['robot_defaults.action_joint_names'], [1, 2])
     with pytest.raises(ConfigError, match=r'scheduler\.policy must be one of'):
-        params.check_value(specs['scheduler.policy'], 'random')
+        parameters.check_value(specs['scheduler.policy'], 'random')
     with pytest.raises(ConfigError, match=r'diagnostics.period_s must be in \[0.05'):
-        params.check_value(specs['diagnostics.period_s'], 0.0)
+        parameters.check_value(specs['diagnostics.period_s'], 0.0)
     with pytest.raises(ConfigError, match=r'scheduler\.page_size must be int'):
-        params.check_value(specs['scheduler.page_size'], 1.5)
+        parameters.check_value(specs['scheduler.page_size'], 1.5)
+
+
+def test_descriptors_carry_the_range_choices_and_read_only_flag_of_their_setting():
+    specs = {s.name: s for s in parameters.all_specs(['r'], {})}
+    for name, spec in specs.items():
+        setting, desc = spec.setting, parameters.descriptor(spec)
+        assert desc.description == setting.description, name
+        assert desc.read_only == (not setting.runtime), name
+        assert all(choice in desc.additional_constraints for choice in setting.choices), name
+        ranges = [(r.from_value, r.to_value) for r in desc.floating_point_range]
+        ranges += [(r.from_value, r.to_value) for r in desc.integer_range]
+        expected = [] if setting.min_value is None else [(setting.min_value, setting.max_value)]
+        assert ranges == expected, name
+    page = parameters.descriptor(specs['scheduler.page_size'])
+    assert (page.integer_range[0].from_value, page.integer_range[0].to_value) == (1, 1024)
+    assert page.read_only
+    period = parameters.descriptor(specs['robots.r.period_s'])
+    assert period.floating_point_range[0].from_value == pytest.approx(0.001)
+    assert not period.read_only
+    late = parameters.descriptor(specs['deadlines.late_policy'])
+    assert late.additional_constraints == 'one of: drop, deliver_late'
+    assert parameters.descriptor(specs['robot_ids']).dynamic_typing
+
+
+def test_only_a_robots_instruction_and_period_may_change_at_run_time():
+    assert set(parameters.RUNTIME_ROBOT_PARAMS) == {'instruction', 'period_s'}
+    specs = parameters.all_specs(['r'], {})
+    writable = {s.name for s in specs if not parameters.descriptor(s).read_only}
+    assert {n for n in writable if n.startswith('robots.')} == {
+        'robots.r.instruction',
+        'robots.r.period_s',
+    }
+    assert all(n.startswith(('robots.', 'robot_defaults.')) for n in writable)
 
 
 @pytest.fixture
@@ -166,7 +297,7 @@ def _node(context, args=(), overrides=()):
 
 def test_the_shipped_params_file_loads_on_a_node(context):
     node = _node(context, ['--params-file', str(PARAMS_FILE)])
-    config = params.declare_and_read(node)
+    config = parameters.declare_and_read(node)
     assert config.robot('robot_0').state_joint_names[0] == 'joint_1'
     assert config.robot('robot_2').action_joint_names == ()  # '[]' in YAML
     assert config.link.mode == 'process'
@@ -188,7 +319,7 @@ def test_robots_inherit_robot_defaults_unless_they_override(context):
             Parameter('robots.b.trigger', value='on_image'),
         ],
     )
-    config = params.declare_and_read(node)
+    config = parameters.declare_and_read(node)
     a, b = config.robot('a'), config.robot('b')
     assert (a.period_s, b.period_s) == (0.25, 0.5)
     assert (a.trigger, b.trigger) == ('periodic', 'on_image')
@@ -199,16 +330,16 @@ def test_robots_inherit_robot_defaults_unless_they_override(context):
 def test_a_bad_parameter_value_fails_start_up_naming_it(context):
     node = _node(context, overrides=[Parameter('robots.robot_0.trigger', value='never')])
     with pytest.raises(ConfigError, match=r'robots\.robot_0\.trigger must be one of'):
-        params.declare_and_read(node)
+        parameters.declare_and_read(node)
     node.destroy_node()
 
 
 def test_runtime_changes_are_validated_then_applied(context):
     node = _node(context)
-    config = params.declare_and_read(node)
+    config = parameters.declare_and_read(node)
     applied = []
     node.add_on_set_parameters_callback(
-        params.runtime_validator(config, lambda *change: applied.append(change))
+        parameters.runtime_validator(config, lambda *change: applied.append(change))
     )
     ok = node.set_parameters([Parameter('robots.robot_0.instruction', value=' wave ')])
     assert ok[0].successful and applied == [('robot_0', 'instruction', 'wave')]

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from vla_sched.ipc.messages import FailureReason, StepFailure, StepRequest, StepResult
-from vla_sched.ros.config import RobotConfig
+from vla_sched.ros.node_config import RobotConfig
 from vla_sched.ros.robot_slot import Observation, Refusal, RobotSlot
 
 MS = 1_000_000
@@ -35,7 +35,7 @@ def _take(slot: RobotSlot, now: int, num_state: int = 0):
 def _send(slot: RobotSlot, now: int) -> StepRequest:
     step = _take(slot, now)
     assert isinstance(step, StepRequest), step
-    slot.mark_sent(step, now)
+    slot.mark_sent(step)
     return step
 
 
@@ -207,9 +207,8 @@ def test_view_reports_rate_latency_and_silence_over_the_window():
     assert view.num_chunks == 10
     assert view.action_rate_hz == pytest.approx(10.0)
     assert view.target_rate_hz == pytest.approx(10.0)
-    assert view.latency_ms_p50 == pytest.approx(100.0)
+    assert view.stamp_to_publish_ms_p50 == pytest.approx(100.0)
     assert view.num_deadline_misses == 5
-    assert view.num_cached_prefix_tokens == 12
     assert view.rate_judged and view.seen_image
     later = slot.view(now + 3 * S)
     assert later.action_rate_hz == 0.0
@@ -219,7 +218,7 @@ def test_view_reports_rate_latency_and_silence_over_the_window():
 def test_silence_counts_from_start_up_when_no_image_ever_came():
     view = _slot().view(4 * S)
     assert not view.seen_image and view.silent_s == pytest.approx(4.0)
-    assert math.isnan(view.latency_ms_p99) and not view.rate_judged
+    assert math.isnan(view.stamp_to_publish_ms_p99) and not view.rate_judged
 
 
 def test_a_result_after_the_deadline_is_late_and_counted():

@@ -141,7 +141,7 @@ class ResultHandle(Protocol):
     def result(self) -> ForwardOutput: ...
 
 
-class ModelRunner(Protocol):
+class BatchRunner(Protocol):
     """What the scheduler needs from a model runner."""
 
     def launch(self, batch: ForwardBatch) -> ResultHandle:

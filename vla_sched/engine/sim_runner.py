@@ -28,8 +28,8 @@ from vla_sched.engine.forward_batch import (
     ImageInput,
     SamplingParams,
 )
-from vla_sched.engine.radix_key import build_key_tokens, image_key_values
-from vla_sched.engine.schedule_batch import FUTURE_TOKEN_ID
+from vla_sched.engine.memory.radix_key import build_key_tokens, image_key_values
+from vla_sched.engine.scheduling.schedule_batch import FUTURE_TOKEN_ID
 
 _MOD = 2_147_483_647  # 2**31 - 1 (prime): squares stay below 2**62
 

@@ -98,22 +98,25 @@ class Heartbeat:
 
 @dataclass(frozen=True, slots=True)
 class RobotStats:
-    """Per-robot counters kept by the engine (cumulative since the engine started)."""
+    """What only the engine knows about one robot (the frontend counts its steps' outcomes).
 
-    num_steps_done: int = 0
-    num_deadline_misses: int = 0
-    num_superseded: int = 0
-    num_retracts: int = 0
-    num_aborts: int = 0
-    num_cached_prefix_tokens: int = 0  # of its session prefix, held in the radix cache now
-    ttft_ms_p50: float = 0.0
-    itl_ms_p50: float = 0.0
+    Latencies are over the engine's recent window, from the step's arrival in the engine.
+    """
+
+    num_retracts: int = 0  # since the engine started
+    num_cached_session_prefix_tokens: int = 0  # of its session prefix, in the radix cache now
+    ttft_ms_p50: float = 0.0  # arrival to first action token
+    itl_ms_p50: float = 0.0  # one action token to the next
     itl_ms_p99: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
 class EngineStats:
-    """A snapshot of the scheduler's health, sent at the diagnostics period."""
+    """A snapshot of the scheduler's health, sent at the diagnostics period.
+
+    The queue, batch, chunked request and KV use are read at ``sent_ns``; counters are
+    cumulative since the engine started; latency percentiles are over a recent window.
+    """
 
     sent_ns: int
     num_waiting: int
@@ -124,8 +127,8 @@ class EngineStats:
     num_delayed_prefills: int
     kv_use_percent: float
     cache_hit_rate: float  # cached prompt tokens / prompt tokens, over the engine's life
-    step_ms_p50: float
-    step_ms_p99: float
+    arrival_to_finish_ms_p50: float  # a completed step, from its arrival in the engine
+    arrival_to_finish_ms_p99: float
     itl_ms_p50: float
     itl_ms_p99: float
     aborts_by_reason: dict[str, int] = field(default_factory=dict)

@@ -12,7 +12,12 @@ from pathlib import Path
 
 import torch
 
-from vla_sched.model.model_spec import CheckpointError, ModelSpec, read_json, read_model_spec
+from vla_sched.model.checkpoint_spec import (
+    CheckpointError,
+    CheckpointSpec,
+    read_checkpoint_spec,
+    read_json,
+)
 from vla_sched.model.vla_model import VLAModel, assemble_model
 from vla_sched.model.weights import canonical_name
 
@@ -61,7 +66,7 @@ def load_checkpoint(
     *,
     device: torch.device | str = 'cpu',
     dtype: torch.dtype = torch.float32,
-    spec: ModelSpec | None = None,
+    spec: CheckpointSpec | None = None,
 ) -> VLAModel:
     """Load a VLA (or text-only decoder) checkpoint folder into a ``VLAModel``.
 
@@ -78,7 +83,7 @@ def load_checkpoint(
         ActionStatisticsError: for missing or malformed action statistics.
     """
     folder = Path(folder)
-    spec = spec if spec is not None else read_model_spec(folder)
+    spec = spec if spec is not None else read_checkpoint_spec(folder)
     files = weight_files(folder)
     canonical = {}
     for stored in files:

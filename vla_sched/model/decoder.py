@@ -12,9 +12,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from vla_sched.model.architecture import DecoderSpec
 from vla_sched.model.attention import AttentionMetadata, paged_attention
 from vla_sched.model.rope import apply_rope, rope_cos_sin, rope_inv_freq
-from vla_sched.model.spec import DecoderSpec
 
 KVCache = tuple[torch.Tensor, torch.Tensor]
 

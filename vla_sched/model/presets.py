@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from vla_sched.model.model_spec import ModelSpec, spec_from_dicts
+from vla_sched.model.checkpoint_spec import CheckpointSpec, spec_from_dicts
 
 TINY_VOCAB_END = 516  # 4 specials + 256 byte symbols + 256 action tokens
 TINY_IMAGE_TOKEN_ID = 516
@@ -167,8 +167,8 @@ def openvla_7b_vla_config() -> dict[str, Any]:
     }
 
 
-def preset_spec(name: str) -> ModelSpec:
-    """The ``ModelSpec`` of a named preset: ``tiny`` or ``openvla-7b``."""
+def preset_spec(name: str) -> CheckpointSpec:
+    """The ``CheckpointSpec`` of a named preset: ``tiny`` or ``openvla-7b``."""
     if name == 'tiny':
         return spec_from_dicts(tiny_llava_config(), tiny_vla_config(), tiny_statistics())
     if name == 'openvla-7b':

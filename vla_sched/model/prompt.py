@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from vla_sched.model.action_tokenizer import ActionTokenizer, select_statistics
-from vla_sched.model.model_spec import (
+from vla_sched.model.checkpoint_spec import (
     TOKENIZER_FILE,
     CheckpointError,
-    ModelSpec,
+    CheckpointSpec,
+    read_checkpoint_spec,
     read_json,
-    read_model_spec,
 )
 
 if TYPE_CHECKING:
@@ -54,7 +54,7 @@ class VLAPromptBuilder:
     """Turns an instruction (and optionally a joint state) into prompt token ids."""
 
     def __init__(
-        self, spec: ModelSpec, tokenizer: tokenizers.Tokenizer, *, bos_token_id: int | None
+        self, spec: CheckpointSpec, tokenizer: tokenizers.Tokenizer, *, bos_token_id: int | None
     ) -> None:
         if spec.prompt.add_bos and bos_token_id is None:
             raise CheckpointError('the prompt template adds BOS but the tokenizer has none')
@@ -65,13 +65,13 @@ class VLAPromptBuilder:
 
     @classmethod
     def from_checkpoint(
-        cls, folder: str | Path, spec: ModelSpec | None = None
+        cls, folder: str | Path, spec: CheckpointSpec | None = None
     ) -> VLAPromptBuilder:
         """Load the tokenizer of a checkpoint folder (and its spec, unless given)."""
         import tokenizers
 
         folder = Path(folder)
-        spec = spec if spec is not None else read_model_spec(folder)
+        spec = spec if spec is not None else read_checkpoint_spec(folder)
         path = folder / TOKENIZER_FILE
         if not path.is_file():
             raise CheckpointError(f'missing {TOKENIZER_FILE} in {folder}')

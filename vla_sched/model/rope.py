@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from vla_sched.model.spec import RopeSpec
+from vla_sched.model.architecture import RopeSpec
 
 
 def rope_inv_freq(rope: RopeSpec, head_dim: int) -> torch.Tensor:

@@ -71,7 +71,7 @@ class RunnerConfig:
             raise ValueError('max_kv_splits must be >= 1')
 
 
-class StepResult:
+class LaunchedStep:
     """A launched step's sampled tokens; ``result()`` waits for the device if needed."""
 
     def __init__(
@@ -154,10 +154,10 @@ class ModelRunner:
     def vocab_size(self) -> int:
         return self.model.spec.decoder.vocab_size
 
-    def launch(self, batch: ForwardBatch) -> StepResult:
+    def launch(self, batch: ForwardBatch) -> LaunchedStep:
         """Run one step and sample each request's next token (``-1`` where not sampling)."""
         if batch.forward_mode is ForwardMode.IDLE or batch.batch_size == 0:
-            return StepResult(torch.empty(0, dtype=torch.int64), [False] * batch.batch_size)
+            return LaunchedStep(torch.empty(0, dtype=torch.int64), [False] * batch.batch_size)
         check_sampling_params(batch.sampling, batch.rids, self.vocab_size)
         with torch.inference_mode():
             rows, positions = logit_rows(batch)
@@ -178,14 +178,14 @@ class ModelRunner:
         with torch.inference_mode():
             return self._forward(batch, rows=None)
 
-    def _handle(self, tokens: torch.Tensor, sample: Sequence[bool]) -> StepResult:
+    def _handle(self, tokens: torch.Tensor, sample: Sequence[bool]) -> LaunchedStep:
         if self.device.type != 'cuda':
-            return StepResult(tokens, sample)
+            return LaunchedStep(tokens, sample)
         host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
         host.copy_(tokens, non_blocking=True)
         event = torch.cuda.Event()
         event.record()
-        return StepResult(host, sample, event)
+        return LaunchedStep(host, sample, event)
 
     def _forward(self, batch: ForwardBatch, *, rows: torch.Tensor | None) -> torch.Tensor:
         check_batch(

@@ -21,12 +21,13 @@ from typing import Any
 
 import torch
 
-from vla_sched.model.model_spec import (
+from vla_sched.model.architecture import DecoderSpec, VisionSpec
+from vla_sched.model.checkpoint_spec import (
     CONFIG_FILE,
     PREPROCESSOR_FILE,
     TOKENIZER_FILE,
     VLA_CONFIG_FILE,
-    ModelSpec,
+    CheckpointSpec,
     parse_architecture,
 )
 from vla_sched.model.presets import (
@@ -36,7 +37,6 @@ from vla_sched.model.presets import (
     tiny_statistics,
     tiny_vla_config,
 )
-from vla_sched.model.spec import DecoderSpec, VisionSpec
 from vla_sched.model.vla_model import VLAModel, assemble_model
 from vla_sched.model.weights import (
     DECODER_PREFIX,
@@ -102,7 +102,7 @@ def tiny_state_dict(config: dict[str, Any], *, seed: int = 0) -> dict[str, torch
 
 
 def random_model(
-    spec: ModelSpec,
+    spec: CheckpointSpec,
     *,
     device: torch.device | str = 'cpu',
     dtype: torch.dtype = torch.float32,

@@ -16,8 +16,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from vla_sched.model.model_spec import ImagePreprocessing
-from vla_sched.model.spec import VisionSpec
+from vla_sched.model.architecture import VisionSpec
+from vla_sched.model.checkpoint_spec import ImagePreprocessing
 from vla_sched.model.transfer import to_device
 
 

@@ -12,8 +12,8 @@ from collections.abc import Callable, Mapping
 import torch
 from torch import nn
 
+from vla_sched.model.checkpoint_spec import CheckpointError, CheckpointSpec
 from vla_sched.model.decoder import PagedDecoder
-from vla_sched.model.model_spec import CheckpointError, ModelSpec
 from vla_sched.model.weights import (
     LM_HEAD,
     decoder_shapes,
@@ -28,7 +28,9 @@ TensorSource = Callable[[str], torch.Tensor]
 class VLAModel(nn.Module):
     """Decoder (paged KV) and, for a VLA, the vision encoder feeding its image tokens."""
 
-    def __init__(self, spec: ModelSpec, decoder: PagedDecoder, vision: nn.Module | None) -> None:
+    def __init__(
+        self, spec: CheckpointSpec, decoder: PagedDecoder, vision: nn.Module | None
+    ) -> None:
         super().__init__()
         if (vision is None) != (spec.vision is None):
             raise ValueError('the spec and the given vision encoder disagree')
@@ -86,7 +88,7 @@ def _load(module: nn.Module, found: Mapping[str, str], read: TensorSource, devic
 
 
 def assemble_model(
-    spec: ModelSpec,
+    spec: CheckpointSpec,
     names: list[str],
     *,
     shape_of: Callable[[str], tuple[int, ...]],

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from vla_sched.model.spec import DecoderSpec, VisionSpec
+from vla_sched.model.architecture import DecoderSpec, VisionSpec
 
 DECODER_PREFIX = 'model.language_model.'
 PROJECTOR_PREFIX = 'model.multi_modal_projector.'

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
+import cv2
 import numpy as np
-
-if TYPE_CHECKING:
-    from sensor_msgs.msg import CompressedImage, Image, JointState
+from builtin_interfaces.msg import Duration, Time
+from cv_bridge import CvBridge, CvBridgeError
+from sensor_msgs.msg import CompressedImage, Image, JointState
 
 ACCEPTED_ENCODINGS = {'rgb8': 3, 'bgr8': 3, 'mono8': 1}
 ACCEPTED_COMPRESSED_FORMATS = ('jpeg', 'jpg', 'png')
@@ -76,8 +76,6 @@ def image_to_rgb(msg: Image, *, max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS) -> n
 
 
 def _decode_checked(msg: Image, *, height: int, width: int, row_len: int) -> np.ndarray:
-    from cv_bridge import CvBridge, CvBridgeError
-
     if msg.step != row_len or msg.is_bigendian:
         # Hand cv_bridge a packed copy (8-bit data has no byte order).
         msg = _packed_copy(msg, height=height, width=width, row_len=row_len)
@@ -91,8 +89,6 @@ def _decode_checked(msg: Image, *, height: int, width: int, row_len: int) -> np.
 
 
 def _packed_copy(msg: Image, *, height: int, width: int, row_len: int) -> Image:
-    from sensor_msgs.msg import Image
-
     rows = np.frombuffer(msg.data, dtype=np.uint8).reshape(height, msg.step)[:, :row_len]
     packed = Image(header=msg.header, height=height, width=width, encoding=msg.encoding)
     packed.is_bigendian = 0
@@ -109,9 +105,6 @@ def compressed_to_rgb(
     Raises:
         ImageError: unknown format, undecodable data, or too many pixels.
     """
-    import cv2
-    from cv_bridge import CvBridge, CvBridgeError
-
     kind = msg.format.split(';')[0].strip().lower()
     if kind not in ACCEPTED_COMPRESSED_FORMATS and not kind.startswith(('rgb8', 'bgr8')):
         raise ImageError(
@@ -133,8 +126,6 @@ def compressed_to_rgb(
 
 def rgb_to_image(rgb: np.ndarray, *, stamp=None, frame_id: str = '') -> Image:
     """Build an ``rgb8`` ``sensor_msgs/Image`` from a uint8 ``[H, W, 3]`` array."""
-    from sensor_msgs.msg import Image
-
     if rgb.dtype != np.uint8 or rgb.ndim != 3 or rgb.shape[2] != 3:
         raise ImageError(f'expected uint8 [H, W, 3], got {rgb.dtype} {rgb.shape}')
     msg = Image(height=rgb.shape[0], width=rgb.shape[1], encoding='rgb8')
@@ -207,15 +198,11 @@ def stamp_to_ns(stamp) -> int:
 
 def ns_to_stamp(ns: int):
     """A ``builtin_interfaces/Time`` for ``ns`` nanoseconds (clamped at 0)."""
-    from builtin_interfaces.msg import Time
-
     ns = max(0, int(ns))
     return Time(sec=ns // 1_000_000_000, nanosec=ns % 1_000_000_000)
 
 
 def ns_to_duration(ns: int):
     """A ``builtin_interfaces/Duration`` for ``ns`` nanoseconds (non-negative)."""
-    from builtin_interfaces.msg import Duration
-
     ns = max(0, int(ns))
     return Duration(sec=ns // 1_000_000_000, nanosec=ns % 1_000_000_000)

@@ -13,6 +13,7 @@ exit status is 1 if no action chunk arrived at any robot (2 if the engine never 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -24,9 +25,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+import rclpy
 import yaml
+from diagnostic_msgs.msg import DiagnosticArray
+from rclpy.executors import SingleThreadedExecutor
 
 from vla_sched.ros.diagnostics import SCHEDULER_STATUS_NAME
+from vla_sched.serving.engine_config import CORES, DEVICES, ENGINE_MODES
 
 
 def params_file(args: argparse.Namespace, folder: Path) -> Path:
@@ -54,22 +59,31 @@ def params_file(args: argparse.Namespace, folder: Path) -> Path:
 
 
 class DiagnosticsWatch:
-    """Keeps the latest /diagnostics statuses by name (in this process, over DDS)."""
+    """Keeps the latest /diagnostics statuses by name (in this process, over DDS).
+
+    It has an rclpy context of its own, initialized here and shut down by ``close`` (or at
+    the end of a ``with`` block), after its executor and node.
+    """
 
     def __init__(self) -> None:
-        import rclpy
-        from diagnostic_msgs.msg import DiagnosticArray
-
-        self.context = rclpy.Context()
-        rclpy.init(args=[], context=self.context)
-        self.node = rclpy.create_node('vla_sched_demo', context=self.context)
         self.statuses: dict[str, tuple[int, str, dict[str, str]]] = {}
         self.scheduler_history: list[tuple[float, int, dict[str, str]]] = []  # (monotonic, ...)
-        self.node.create_subscription(DiagnosticArray, '/diagnostics', self._on_array, 10)
-        from rclpy.executors import SingleThreadedExecutor
+        self.context = rclpy.Context()
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(rclpy.init(args=[], context=self.context))
+            self.node = stack.enter_context(
+                rclpy.create_node('vla_sched_demo', context=self.context)
+            )
+            self.node.create_subscription(DiagnosticArray, '/diagnostics', self._on_array, 10)
+            self.executor = stack.enter_context(SingleThreadedExecutor(context=self.context))
+            self.executor.add_node(self.node)
+            self._ros = stack.pop_all()
 
-        self.executor = SingleThreadedExecutor(context=self.context)
-        self.executor.add_node(self.node)
+    def __enter__(self) -> DiagnosticsWatch:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
 
     def _on_array(self, msg) -> None:
         for status in msg.status:
@@ -87,9 +101,8 @@ class DiagnosticsWatch:
         return self.statuses.get(SCHEDULER_STATUS_NAME)
 
     def close(self) -> None:
-        self.executor.shutdown()
-        self.node.destroy_node()
-        self.context.try_shutdown()
+        """Shut down the executor, destroy the node, shut down the context."""
+        self._ros.close()
 
 
 class SimFleet:
@@ -179,8 +192,10 @@ def scheduler_line(watch: DiagnosticsWatch) -> str:
     return (
         f'scheduler {name}: {message} | queue {v.get("waiting queue depth")}, running '
         f'{v.get("running batch size")}, KV {v.get("KV pool use (%)")}%, retracts '
-        f'{v.get("retracts total")}, cache hit {v.get("radix cache hit rate")}, step p50/p99 '
-        f'{v.get("step latency p50 (ms)")}/{v.get("step latency p99 (ms)")} ms'
+        f'{v.get("retracts total")}, cache hit {v.get("radix cache hit rate")}, '
+        'engine step (arrival to finish) p50/p99 '
+        f'{v.get("engine step latency (arrival to finish) p50 (ms)")}/'
+        f'{v.get("engine step latency (arrival to finish) p99 (ms)")} ms'
     )
 
 
@@ -227,20 +242,22 @@ def run(args: argparse.Namespace) -> int:
             stderr=subprocess.STDOUT,
             env=env,
         )
-    watch = DiagnosticsWatch()
     try:
-        print(f'demo: starting the engine ({args.engine_mode} mode, {args.core} core)', flush=True)
-        started = time.monotonic()
-        if not wait_until_ready(watch, node, args.start_timeout):
-            print(f'demo: the engine did not get ready; see {log_path}', file=sys.stderr)
-            return 2
-        model = (watch.scheduler() or (0, '', {}))[2].get('model', '')
-        print(f'demo: engine ready after {time.monotonic() - started:.1f} s: {model}')
-        if 'random weights' in model:
-            print('demo: the tiny checkpoint has random weights: its actions are meaningless')
-        return drive(args, watch, env)
+        with DiagnosticsWatch() as watch:
+            print(
+                f'demo: starting the engine ({args.engine_mode} mode, {args.core} core)',
+                flush=True,
+            )
+            started = time.monotonic()
+            if not wait_until_ready(watch, node, args.start_timeout):
+                print(f'demo: the engine did not get ready; see {log_path}', file=sys.stderr)
+                return 2
+            model = (watch.scheduler() or (0, '', {}))[2].get('model', '')
+            print(f'demo: engine ready after {time.monotonic() - started:.1f} s: {model}')
+            if 'random weights' in model:
+                print('demo: the tiny checkpoint has random weights: its actions are meaningless')
+            return drive(args, watch, env)
     finally:
-        watch.close()
         stop(node)
 
 
@@ -303,10 +320,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument('--period', type=float, default=0.5, help='control period (s)')
     parser.add_argument('--camera-rate', type=float, default=10.0, help='images per second')
     parser.add_argument('--step-budget', type=float, default=1.0, help='deadline budget (s)')
-    parser.add_argument('--engine-mode', choices=('process', 'inprocess'), default='process')
-    parser.add_argument('--core', choices=('scheduled', 'sequential'), default='scheduled')
+    parser.add_argument('--engine-mode', choices=ENGINE_MODES, default='process')
+    parser.add_argument('--core', choices=CORES, default='scheduled')
     parser.add_argument('--model-path', default='', help='checkpoint (default: tiny)')
-    parser.add_argument('--device', choices=('auto', 'cpu', 'cuda'), default='auto')
+    parser.add_argument('--device', choices=DEVICES, default='auto')
     parser.add_argument('--heartbeat-timeout', type=float, default=3.0)
     parser.add_argument('--start-timeout', type=float, default=300.0)
     parser.add_argument(

@@ -5,6 +5,12 @@ robot's ``RobotView`` and the thresholds; the caller passes the time, so every l
 tested without a node. Names are what ``config/diagnostics_analyzers.yaml`` matches:
 ``'vla_sched: scheduler'`` and ``'vla_sched: robot <id>'``.
 
+Latency keys name their two ends: the scheduler's ``engine step latency (arrival to
+finish)`` runs from a step's arrival in the engine to its finish there; a robot's ``latency
+(image stamp to publish)`` from its image's stamp to the chunk's publication by the node.
+A robot's engine numbers (retracts, cached session prefix tokens, time to first token,
+inter-token latency) come from the latest ``EngineStats`` and read ``n/a`` without one.
+
 Levels, scheduler: ERROR when the engine is dead (or restarting); WARN while it starts, when
 steps were retracted in the last window, or when more than ``queue_warn_threshold`` steps
 wait; OK otherwise. Robot: ERROR when no image came for ``silent_robot_s``; WARN when its
@@ -20,8 +26,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from vla_sched.ipc.messages import EngineStats, RobotStats
-from vla_sched.ros.config import DiagnosticsConfig
 from vla_sched.ros.engine_link import DEAD, READY, EngineView
+from vla_sched.ros.node_config import DiagnosticsConfig
 from vla_sched.ros.robot_slot import RobotView
 
 if TYPE_CHECKING:
@@ -50,25 +56,31 @@ STATS_KEYS = (
     'delayed prefills',
     'KV pool use (%)',
     'radix cache hit rate',
-    'step latency p50 (ms)',
-    'step latency p99 (ms)',
+    'engine step latency (arrival to finish) p50 (ms)',
+    'engine step latency (arrival to finish) p99 (ms)',
     'inter-token latency p50 (ms)',
     'inter-token latency p99 (ms)',
 )
 SCHEDULER_KEYS = (*ENGINE_KEYS, *STATS_KEYS, 'stats age (s)')
+ENGINE_ROBOT_KEYS = (
+    'cached session prefix tokens',
+    'retracts',
+    'engine time to first token (arrival to first token) p50 (ms)',
+    'inter-token latency p50 (ms)',
+    'inter-token latency p99 (ms)',
+)
 ROBOT_KEYS = (
     'action rate (Hz)',
     'target rate (Hz)',
-    'step latency p50 (ms)',
-    'step latency p99 (ms)',
+    'latency (image stamp to publish) p50 (ms)',
+    'latency (image stamp to publish) p99 (ms)',
     'chunks published',
     'deadline misses',
     'superseded observations',
     'refused steps',
     'refused in window',
     'last error',
-    'cached session prefix tokens',
-    'retracts',
+    *ENGINE_ROBOT_KEYS,
     'seconds since last image',
 )
 
@@ -153,8 +165,14 @@ def _stats_values(stats: EngineStats | None) -> list[tuple[str, str]]:
         ('delayed prefills', str(stats.num_delayed_prefills)),
         ('KV pool use (%)', _num(stats.kv_use_percent)),
         ('radix cache hit rate', _num(stats.cache_hit_rate, 3)),
-        ('step latency p50 (ms)', _num(stats.step_ms_p50, 2)),
-        ('step latency p99 (ms)', _num(stats.step_ms_p99, 2)),
+        (
+            'engine step latency (arrival to finish) p50 (ms)',
+            _num(stats.arrival_to_finish_ms_p50, 2),
+        ),
+        (
+            'engine step latency (arrival to finish) p99 (ms)',
+            _num(stats.arrival_to_finish_ms_p99, 2),
+        ),
         ('inter-token latency p50 (ms)', _num(stats.itl_ms_p50, 2)),
         ('inter-token latency p99 (ms)', _num(stats.itl_ms_p99, 2)),
     ]
@@ -163,30 +181,39 @@ def _stats_values(stats: EngineStats | None) -> list[tuple[str, str]]:
 def robot_data(
     view: RobotView, engine_robot: RobotStats | None, cfg: DiagnosticsConfig
 ) -> StatusData:
-    """One robot's status; ``engine_robot`` adds the engine's per-robot counters if known."""
+    """One robot's status; ``engine_robot`` (None: unknown) adds what only the engine knows."""
     level, message = _robot_level(view, cfg)
-    cached = view.num_cached_prefix_tokens
-    retracts = 'n/a'
-    if engine_robot is not None:
-        cached = engine_robot.num_cached_prefix_tokens or cached
-        retracts = str(engine_robot.num_retracts)
     values = (
         ('action rate (Hz)', _num(view.action_rate_hz, 2)),
         ('target rate (Hz)', _num(view.target_rate_hz, 2)),
-        ('step latency p50 (ms)', _num(view.latency_ms_p50)),
-        ('step latency p99 (ms)', _num(view.latency_ms_p99)),
+        ('latency (image stamp to publish) p50 (ms)', _num(view.stamp_to_publish_ms_p50)),
+        ('latency (image stamp to publish) p99 (ms)', _num(view.stamp_to_publish_ms_p99)),
         ('chunks published', str(view.num_chunks)),
         ('deadline misses', str(view.num_deadline_misses)),
         ('superseded observations', str(view.num_superseded)),
         ('refused steps', _counts(view.refused_by_reason)),
         ('refused in window', str(view.num_refused_window)),
         ('last error', view.last_error or 'none'),
-        ('cached session prefix tokens', str(cached)),
-        ('retracts', retracts),
+        *_engine_robot_values(engine_robot),
         ('seconds since last image', _num(view.silent_s, 2) if view.seen_image else 'never'),
     )
     name = robot_status_name(view.robot_id)
     return StatusData(name, level, message, view.robot_id, values)
+
+
+def _engine_robot_values(stats: RobotStats | None) -> list[tuple[str, str]]:
+    if stats is None:
+        return [(key, 'n/a') for key in ENGINE_ROBOT_KEYS]
+    return [
+        ('cached session prefix tokens', str(stats.num_cached_session_prefix_tokens)),
+        ('retracts', str(stats.num_retracts)),
+        (
+            'engine time to first token (arrival to first token) p50 (ms)',
+            _num(stats.ttft_ms_p50, 2),
+        ),
+        ('inter-token latency p50 (ms)', _num(stats.itl_ms_p50, 2)),
+        ('inter-token latency p99 (ms)', _num(stats.itl_ms_p99, 2)),
+    ]
 
 
 def _robot_level(view: RobotView, cfg: DiagnosticsConfig) -> tuple[int, str]:
@@ -204,11 +231,13 @@ def _robot_level(view: RobotView, cfg: DiagnosticsConfig) -> tuple[int, str]:
         problems.append(f'{view.num_refused_window} refused in the last window: {view.last_error}')
     if problems:
         return WARN, '; '.join(problems)
-    return OK, f'{view.action_rate_hz:.2f} Hz, p99 {_num(view.latency_ms_p99)} ms'
+    p99 = _num(view.stamp_to_publish_ms_p99)
+    return OK, f'{view.action_rate_hz:.2f} Hz, image stamp to publish p99 {p99} ms'
 
 
 def to_message(data: StatusData) -> DiagnosticStatus:
     """A ``diagnostic_msgs/DiagnosticStatus`` from ``data``."""
+    # Imported here so that the status rules above import without ROS installed.
     from diagnostic_msgs.msg import DiagnosticStatus, KeyValue
 
     return DiagnosticStatus(
@@ -229,6 +258,7 @@ def diagnostic_array(
     hardware_id: str,
 ) -> DiagnosticArray:
     """The whole /diagnostics message: the scheduler status, then one status per robot."""
+    # Imported here so that the status rules above import without ROS installed.
     from diagnostic_msgs.msg import DiagnosticArray
 
     engine_robots = engine.stats.robots if engine.stats is not None else {}

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from vla_sched.ipc.messages import EngineInfo, EngineStats
-from vla_sched.ros.config import EngineLinkConfig
+from vla_sched.ros.node_config import EngineLinkConfig
 
 STARTING = 'starting'
 READY = 'ready'
@@ -23,7 +23,7 @@ DEAD = 'dead'
 
 
 class EngineClientLike(Protocol):
-    """The part of ``vla_sched.ipc.engine_client.EngineClient`` the link uses."""
+    """The part of ``vla_sched.serving.engine_client.EngineClient`` the link uses."""
 
     info: EngineInfo | None
 

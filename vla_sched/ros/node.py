@@ -19,7 +19,17 @@ from __future__ import annotations
 import contextlib
 import sys
 
+import rclpy
+from diagnostic_msgs.msg import DiagnosticArray
+from rclpy._rclpy_pybind11 import RCLError
+from rclpy.exceptions import ParameterException
+from rclpy.executors import ExternalShutdownException
 from rclpy.node import Node
+from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
+from rclpy.qos import qos_profile_sensor_data as sensor_qos
+from sensor_msgs.msg import CompressedImage, Image, JointState
+from std_msgs.msg import String
+from trajectory_msgs.msg import JointTrajectory
 
 from vla_sched.ipc.messages import (
     CloseSession,
@@ -29,8 +39,8 @@ from vla_sched.ipc.messages import (
     StepRequest,
     StepResult,
 )
-from vla_sched.ros import diagnostics, outputs, params
-from vla_sched.ros.config import ConfigError, FrontendConfig
+from vla_sched.msg import ActionChunk, StepRejected
+from vla_sched.ros import diagnostics, outputs, parameters
 from vla_sched.ros.conversions import (
     ConversionError,
     check_instruction,
@@ -41,7 +51,9 @@ from vla_sched.ros.conversions import (
 )
 from vla_sched.ros.engine_clock import engine_clock
 from vla_sched.ros.engine_link import EngineLink
+from vla_sched.ros.node_config import ConfigError, FrontendConfig
 from vla_sched.ros.robot_slot import Observation, Refusal, RobotSlot
+from vla_sched.serving.engine_client import EngineClient, EngineUnavailable
 
 NODE_NAME = 'vla_sched'
 
@@ -50,10 +62,6 @@ class RobotTopics:
     """One robot's publishers (subscriptions are kept by the node)."""
 
     def __init__(self, node: Node, slot: RobotSlot) -> None:
-        from trajectory_msgs.msg import JointTrajectory
-
-        from vla_sched.msg import ActionChunk, StepRejected
-
         ns = slot.config.topic_namespace
         self.chunks = node.create_publisher(ActionChunk, f'{ns}/vla/action_chunk', 10)
         self.rejected = node.create_publisher(StepRejected, f'{ns}/vla/step_rejected', 10)
@@ -72,16 +80,16 @@ class VlaSchedNode(Node):
 
         Args:
             client_factory: builds the engine client from the ``FrontendConfig`` (default:
-                ``EngineClient`` with an ``EngineLaunch`` from the parameters).
+                ``EngineClient`` with the engine and link settings from the parameters).
             **kwargs: passed to ``rclpy.node.Node`` (e.g. ``parameter_overrides``).
 
         Raises:
             ConfigError: a parameter is missing, malformed or inconsistent.
         """
         super().__init__(NODE_NAME, **kwargs)
-        self.config: FrontendConfig = params.declare_and_read(self)
+        self.config: FrontendConfig = parameters.declare_and_read(self)
         self.add_on_set_parameters_callback(
-            params.runtime_validator(self.config, self._apply_runtime_param)
+            parameters.runtime_validator(self.config, self._apply_runtime_param)
         )
         now = self._now_ns()
         window_s = self.config.diagnostics.window_s
@@ -104,11 +112,6 @@ class VlaSchedNode(Node):
     # --- wiring -----------------------------------------------------------------------------
 
     def _subscribe(self, slot: RobotSlot) -> None:
-        from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
-        from rclpy.qos import qos_profile_sensor_data as sensor_qos
-        from sensor_msgs.msg import CompressedImage, Image, JointState
-        from std_msgs.msg import String
-
         ns = slot.config.topic_namespace
         if slot.config.image_transport == 'compressed':
             self.create_subscription(
@@ -134,8 +137,6 @@ class VlaSchedNode(Node):
         )
 
     def _create_diagnostics_publisher(self):
-        from diagnostic_msgs.msg import DiagnosticArray
-
         return self.create_publisher(DiagnosticArray, '/diagnostics', 10)
 
     # --- callbacks: convert and enqueue -----------------------------------------------------
@@ -227,14 +228,12 @@ class VlaSchedNode(Node):
                 self._send(slot, step, now)
 
     def _send(self, slot: RobotSlot, step: StepRequest, now: int) -> None:
-        from vla_sched.ipc.engine_client import EngineUnavailable
-
         try:
             self.link.send(engine_clock(step, now_ns=now))
         except EngineUnavailable as exc:
             self._refuse(slot, FailureReason.ENGINE_UNAVAILABLE, str(exc), step.stamp_ns, now)
             return
-        slot.mark_sent(step, now)
+        slot.mark_sent(step)
 
     def _on_result(self, result: StepResult) -> None:
         slot = self.slots.get(result.robot_id)
@@ -328,8 +327,6 @@ class VlaSchedNode(Node):
         )
 
     def _close_session(self, robot_id: str) -> None:
-        from vla_sched.ipc.engine_client import EngineUnavailable
-
         if self.link.ready:
             with contextlib.suppress(EngineUnavailable):  # a dead engine holds no sessions
                 self.link.send(CloseSession(robot_id=robot_id))
@@ -354,39 +351,30 @@ class VlaSchedNode(Node):
 
 
 def _engine_client(config: FrontendConfig):
-    from vla_sched.ipc.engine_client import EngineClient, EngineLaunch
-
-    launch = EngineLaunch(
-        mode=config.link.mode,
-        engine_config=config.engine_config(),
-        heartbeat_period_s=config.link.heartbeat_period_s,
-        heartbeat_timeout_s=config.link.heartbeat_timeout_s,
-    )
-    return EngineClient(launch)
+    return EngineClient(config.engine_config(), config.link)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the node until shutdown; 2 on a configuration error."""
-    import rclpy
-    from rclpy.exceptions import ParameterException
-    from rclpy.executors import ExternalShutdownException
-
-    rclpy.init(args=argv if argv is not None else sys.argv)
+    """Run the node until shutdown (0, also on Ctrl-C); 2 on a configuration error."""
     try:
-        try:
-            node = VlaSchedNode()
-        except (ValueError, TypeError, ParameterException) as exc:
-            print(f'vla_sched: configuration error: {exc}', file=sys.stderr)
-            return 2
-        try:
-            rclpy.spin(node)
-        except (KeyboardInterrupt, ExternalShutdownException):
-            pass
-        finally:
-            node.close()
-            node.destroy_node()
-    finally:
-        rclpy.try_shutdown()
+        with rclpy.init(args=argv if argv is not None else sys.argv):
+            try:
+                node = VlaSchedNode()
+            except (ValueError, TypeError, ParameterException) as exc:
+                print(f'vla_sched: configuration error: {exc}', file=sys.stderr)
+                return 2
+            try:
+                rclpy.spin(node)
+            except RCLError:
+                # A signal's shutdown can invalidate the context while the executor builds
+                # its wait set; that is a shutdown, anything else is a failure.
+                if rclpy.ok():
+                    raise
+            finally:
+                node.close()
+                node.destroy_node()
+    except (KeyboardInterrupt, ExternalShutdownException):
+        pass
     return 0
 
 

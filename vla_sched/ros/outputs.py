@@ -2,19 +2,14 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
+from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
 
 from vla_sched.ipc.messages import FailureReason, StepResult
-from vla_sched.ros.config import RobotConfig
+from vla_sched.msg import ActionChunk, StepRejected
 from vla_sched.ros.conversions import ns_to_duration, ns_to_stamp
+from vla_sched.ros.node_config import RobotConfig
 from vla_sched.ros.robot_slot import Refusal
-
-if TYPE_CHECKING:
-    from trajectory_msgs.msg import JointTrajectory
-
-    from vla_sched.msg import ActionChunk, StepRejected
 
 # FailureReason -> StepRejected.REASON_* constant name.
 _REASON_CONSTANTS = {
@@ -50,8 +45,6 @@ def action_chunk(
     Raises:
         ValueError: the actions are not a finite float32 ``[horizon, len(joint_names)]``.
     """
-    from vla_sched.msg import ActionChunk
-
     actions = np.asarray(result.actions)
     if actions.ndim != 2 or actions.shape[1] != len(joint_names):
         raise ValueError(
@@ -85,8 +78,6 @@ def joint_trajectory(chunk: ActionChunk, *, dt_s: float) -> JointTrajectory:
 
     ``dt_s`` is the robot's configured ``dt`` (the chunk holds it only as float32).
     """
-    from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
-
     traj = JointTrajectory()
     traj.header = chunk.header
     traj.joint_names = list(chunk.joint_names)
@@ -103,8 +94,6 @@ def joint_trajectory(chunk: ActionChunk, *, dt_s: float) -> JointTrajectory:
 
 def step_rejected(refusal: Refusal) -> StepRejected:
     """The StepRejected message of a refused or failed step."""
-    from vla_sched.msg import StepRejected
-
     msg = StepRejected()
     msg.header.stamp = ns_to_stamp(refusal.stamp_ns)
     msg.robot_id = refusal.robot_id

@@ -1,5 +1,11 @@
 """One robot's state in the frontend: its newest observation, its step in flight, its counters.
 
+The slot is the frontend's one record of its robot: instruction and its version, state,
+pending observation, step in flight, and the outcomes of its steps (chunks, deadline misses,
+superseded observations, refusals, image stamp to publish latency). What only the engine
+knows (session prefix, retracts, token latencies) arrives in ``EngineStats`` and is not
+copied here.
+
 The rules a robot relies on live here, free of ROS so they can be tested with a fake clock:
 - newest observation wins: an image that was never sent is dropped (and counted) when a
   newer one arrives;
@@ -17,8 +23,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from vla_sched.ipc.messages import FailureReason, StepFailure, StepRequest, StepResult
-from vla_sched.ros.config import RobotConfig
-from vla_sched.ros.windows import EventWindow, LatencyWindow
+from vla_sched.ros.node_config import RobotConfig
+from vla_sched.ros.windows import EventWindow, MsLatencyWindow
 
 NS_PER_S = 1_000_000_000
 
@@ -39,7 +45,6 @@ class InFlight:
     step_seq: int
     stamp_ns: int
     deadline_ns: int
-    sent_ns: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,8 +66,8 @@ class RobotView:
     target_rate_hz: float
     action_rate_hz: float
     rate_judged: bool  # false until the robot has been active for a whole window
-    latency_ms_p50: float
-    latency_ms_p99: float
+    stamp_to_publish_ms_p50: float  # image stamp to the chunk's publication
+    stamp_to_publish_ms_p99: float
     num_chunks: int
     num_deadline_misses: int
     num_superseded: int
@@ -71,8 +76,6 @@ class RobotView:
     last_error: str
     silent_s: float  # seconds since the last image (or since start-up if none came)
     seen_image: bool
-    num_cached_prefix_tokens: int
-    in_flight: bool
 
 
 class RobotSlot:
@@ -97,10 +100,9 @@ class RobotSlot:
         self.num_chunks = 0
         self.num_deadline_misses = 0
         self.num_superseded = 0
-        self.num_cached_prefix_tokens = 0
         self.refused_by_reason: Counter[str] = Counter()
         self.last_error = ''
-        self.latencies = LatencyWindow()
+        self.stamp_to_publish = MsLatencyWindow()
         window_ns = round(window_s * NS_PER_S)
         self._chunk_times = EventWindow(window_ns)
         self._refusal_times = EventWindow(window_ns)
@@ -217,12 +219,10 @@ class RobotSlot:
         if self._next_due_ns <= now_ns:  # fell behind: skip the missed periods
             self._next_due_ns = now_ns + self.period_ns
 
-    def mark_sent(self, request: StepRequest, now_ns: int) -> None:
+    def mark_sent(self, request: StepRequest) -> None:
+        """``request`` went to the engine: it is the step in flight."""
         self.in_flight = InFlight(
-            step_seq=request.step_seq,
-            stamp_ns=request.stamp_ns,
-            deadline_ns=request.deadline_ns,
-            sent_ns=now_ns,
+            step_seq=request.step_seq, stamp_ns=request.stamp_ns, deadline_ns=request.deadline_ns
         )
         self._next_step_seq += 1
 
@@ -238,15 +238,15 @@ class RobotSlot:
         return bool(result.late) or now_ns > self.in_flight.deadline_ns
 
     def finish(self, result: StepResult, now_ns: int, *, late: bool = False) -> bool:
-        """Accept the result of the step in flight; False (ignored) for any other step."""
+        """Accept the result of the step in flight, its chunk published at ``now_ns``;
+        False (ignored) for any other step."""
         if not self.owns(result.step_seq):
             return False
         self.in_flight = None
         self.num_chunks += 1
-        self.num_cached_prefix_tokens = int(result.num_cached_prefix_tokens)
         if late or result.late:
             self.num_deadline_misses += 1
-        self.latencies.add((now_ns - result.stamp_ns) / 1e6)
+        self.stamp_to_publish.add((now_ns - result.stamp_ns) / 1e6)
         self._chunk_times.add(now_ns)
         return True
 
@@ -303,8 +303,8 @@ class RobotSlot:
             target_rate_hz=NS_PER_S / self.period_ns,
             action_rate_hz=self._chunk_times.rate_hz(now_ns, since_ns=active_since),
             rate_judged=judged,
-            latency_ms_p50=self.latencies.percentile(50),
-            latency_ms_p99=self.latencies.percentile(99),
+            stamp_to_publish_ms_p50=self.stamp_to_publish.percentile(50),
+            stamp_to_publish_ms_p99=self.stamp_to_publish.percentile(99),
             num_chunks=self.num_chunks,
             num_deadline_misses=self.num_deadline_misses,
             num_superseded=self.num_superseded,
@@ -313,6 +313,4 @@ class RobotSlot:
             last_error=self.last_error,
             silent_s=(now_ns - silent_since) / 1e9,
             seen_image=self.last_image_ns is not None,
-            num_cached_prefix_tokens=self.num_cached_prefix_tokens,
-            in_flight=self.in_flight is not None,
         )

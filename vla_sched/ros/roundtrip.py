@@ -17,6 +17,10 @@ import sys
 import time
 
 import numpy as np
+import rclpy
+from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
+
+from vla_sched.msg import ActionChunk
 
 TOPIC = '/vla_roundtrip/action_chunk'
 EXAMPLE_JOINTS = ('x', 'y', 'z', 'roll', 'pitch', 'yaw', 'gripper')
@@ -24,8 +28,6 @@ EXAMPLE_JOINTS = ('x', 'y', 'z', 'roll', 'pitch', 'yaw', 'gripper')
 
 def example_chunk(index: int, *, horizon: int = 8, dof: int = 7):
     """Build the ``index``-th example chunk: distinct, exactly representable float32 values."""
-    from vla_sched.msg import ActionChunk
-
     rng = np.random.default_rng(index)
     msg = ActionChunk()
     msg.header.stamp.sec = 1_700_000_000 + index
@@ -73,8 +75,6 @@ def chunk_to_dict(msg) -> dict:
 
 
 def _qos(depth: int):
-    from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
-
     # Transient local: a subscriber that matches after the publish still gets the chunks.
     return QoSProfile(
         depth=depth,
@@ -85,40 +85,25 @@ def _qos(depth: int):
 
 def run_subscriber(*, count: int, timeout_s: float) -> int:
     """Print each received chunk as one JSON line; return 0 once ``count`` arrived."""
-    import rclpy
-
-    from vla_sched.msg import ActionChunk
-
-    rclpy.init()
-    node = rclpy.create_node('vla_roundtrip_sub')
     received: list[dict] = []
-    node.create_subscription(
-        ActionChunk, TOPIC, lambda m: received.append(chunk_to_dict(m)), _qos(count)
-    )
-    print('ready', flush=True)
-    end = time.monotonic() + timeout_s
-    try:
+    with rclpy.init(), rclpy.create_node('vla_roundtrip_sub') as node:
+        node.create_subscription(
+            ActionChunk, TOPIC, lambda m: received.append(chunk_to_dict(m)), _qos(count)
+        )
+        print('ready', flush=True)
+        end = time.monotonic() + timeout_s
         while len(received) < count and time.monotonic() < end:
             rclpy.spin_once(node, timeout_sec=0.1)
         for item in received:
             print(json.dumps(item), flush=True)
-    finally:
-        node.destroy_node()
-        rclpy.shutdown()
     return 0 if len(received) >= count else 1
 
 
 def run_publisher(*, count: int, timeout_s: float) -> int:
     """Publish ``count`` example chunks and stay until the subscriber has gone."""
-    import rclpy
-
-    from vla_sched.msg import ActionChunk
-
-    rclpy.init()
-    node = rclpy.create_node('vla_roundtrip_pub')
-    pub = node.create_publisher(ActionChunk, TOPIC, _qos(count))
-    end = time.monotonic() + timeout_s
-    try:
+    with rclpy.init(), rclpy.create_node('vla_roundtrip_pub') as node:
+        pub = node.create_publisher(ActionChunk, TOPIC, _qos(count))
+        end = time.monotonic() + timeout_s
         while pub.get_subscription_count() == 0 and time.monotonic() < end:
             rclpy.spin_once(node, timeout_sec=0.05)
         for index in range(count):
@@ -126,9 +111,6 @@ def run_publisher(*, count: int, timeout_s: float) -> int:
         # Keep the transient-local history alive until the subscriber leaves.
         while pub.get_subscription_count() > 0 and time.monotonic() < end:
             rclpy.spin_once(node, timeout_sec=0.05)
-    finally:
-        node.destroy_node()
-        rclpy.shutdown()
     return 0
 
 

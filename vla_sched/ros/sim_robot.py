@@ -21,9 +21,18 @@ from collections import Counter
 from typing import Any
 
 import numpy as np
+import rclpy
+from rclpy.executors import ExternalShutdownException
+from rclpy.node import Node
+from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
+from rclpy.qos import qos_profile_sensor_data as sensor_qos
+from rclpy.utilities import remove_ros_args
+from sensor_msgs.msg import Image, JointState
+from std_msgs.msg import String
 
+from vla_sched.msg import ActionChunk, StepRejected
 from vla_sched.ros.conversions import rgb_to_image, stamp_to_ns
-from vla_sched.ros.windows import EventWindow, LatencyWindow
+from vla_sched.ros.windows import EventWindow, MsLatencyWindow
 
 DEFAULT_JOINTS = ('joint_1', 'joint_2', 'joint_3', 'joint_4', 'joint_5', 'joint_6', 'gripper')
 DEADLINE_REASON = 5  # StepRejected.REASON_DEADLINE_MISSED
@@ -51,7 +60,7 @@ class SimRobotLog:
         self.num_chunks = 0
         self.num_late = 0
         self.rejected: Counter[str] = Counter()
-        self.latencies = LatencyWindow(capacity=4096)
+        self.latencies = MsLatencyWindow(capacity=4096)
         self.recent = EventWindow(round(window_s * 1e9))
         self.first_chunk: dict[str, Any] | None = None
         self.last_step_seq = 0
@@ -102,8 +111,6 @@ def _rounded(value: float) -> float | None:
 
 
 def joint_state(names, t_s: float, stamp):
-    from sensor_msgs.msg import JointState
-
     msg = JointState(name=list(names))
     msg.header.stamp = stamp
     msg.position = [0.5 * math.sin(t_s + 0.3 * i) for i in range(len(names))]
@@ -111,19 +118,30 @@ def joint_state(names, t_s: float, stamp):
 
 
 def run(args: argparse.Namespace, ros_argv: list[str]) -> int:
-    import rclpy
-    from rclpy.executors import ExternalShutdownException
-    from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
-    from rclpy.qos import qos_profile_sensor_data as sensor_qos
-    from sensor_msgs.msg import Image, JointState
-    from std_msgs.msg import String
-
-    from vla_sched.msg import ActionChunk, StepRejected
-
-    rclpy.init(args=ros_argv)
-    ns = args.namespace or args.robot_id
-    node = rclpy.create_node(f'sim_{args.robot_id}', namespace=ns)
+    """Publish until ``--duration`` ends, ``--stop-after-chunks`` chunks came or shutdown
+    (Ctrl-C), then print the summary line; 0 if any chunk came, else 1."""
     log = SimRobotLog(args.robot_id)
+    try:
+        with rclpy.init(args=ros_argv):
+            ns = args.namespace or args.robot_id
+            node = rclpy.create_node(f'sim_{args.robot_id}', namespace=ns)
+            _set_up(node, args, log)
+            end = time.monotonic() + args.duration if args.duration > 0 else math.inf
+            try:
+                while rclpy.ok() and time.monotonic() < end:
+                    if args.stop_after_chunks and log.num_chunks >= args.stop_after_chunks:
+                        break
+                    rclpy.spin_once(node, timeout_sec=0.05)
+            finally:
+                print(json.dumps({'type': 'summary', **log.summary(time.time_ns())}), flush=True)
+                node.destroy_node()
+    except (KeyboardInterrupt, ExternalShutdownException):
+        pass
+    return 0 if log.num_chunks > 0 else 1
+
+
+def _set_up(node: Node, args: argparse.Namespace, log: SimRobotLog) -> None:
+    """The robot's publishers, subscriptions and timers on ``node``; chunks go to ``log``."""
     images = node.create_publisher(Image, 'camera/image_raw', sensor_qos)
     joints = node.create_publisher(JointState, 'joint_states', sensor_qos)
     latched = QoSProfile(
@@ -152,24 +170,9 @@ def run(args: argparse.Namespace, ros_argv: list[str]) -> int:
     node.create_timer(1.0 / args.rate, publish_frame)
     if args.report_period > 0:
         node.create_timer(args.report_period, report)
-    end = time.monotonic() + args.duration if args.duration > 0 else math.inf
-    try:
-        while rclpy.ok() and time.monotonic() < end:
-            if args.stop_after_chunks and log.num_chunks >= args.stop_after_chunks:
-                break
-            rclpy.spin_once(node, timeout_sec=0.05)
-    except (KeyboardInterrupt, ExternalShutdownException):
-        pass
-    finally:
-        print(json.dumps({'type': 'summary', **log.summary(time.time_ns())}), flush=True)
-        node.destroy_node()
-        rclpy.try_shutdown()
-    return 0 if log.num_chunks > 0 else 1
 
 
 def main(argv: list[str] | None = None) -> int:
-    from rclpy.utilities import remove_ros_args
-
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument('--robot-id', default='robot_0')

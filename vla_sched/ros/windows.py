@@ -11,7 +11,7 @@ from collections import deque
 import numpy as np
 
 
-class LatencyWindow:
+class MsLatencyWindow:
     """The last ``capacity`` latencies (ms) and their percentiles."""
 
     def __init__(self, capacity: int = 256) -> None:

@@ -1,0 +1,1 @@
+"""KV memory: request rows, the paged allocator, the radix prefix cache, sessions."""

@@ -1,0 +1,1 @@
+"""The scheduler and its parts: requests, batches, passes, policies, loops, metrics."""

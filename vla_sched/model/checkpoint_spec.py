@@ -1,0 +1,291 @@
+"""What the engine needs to know about a VLA checkpoint, read without building the model.
+
+A checkpoint folder holds ``config.json`` (LLaVA layout: ``text_config``, ``vision_config``,
+``image_token_index``), safetensors weights, ``tokenizer.json``, action statistics
+(``dataset_statistics.json``, or ``norm_stats`` inside ``config.json`` as OpenVLA ships them),
+optionally ``preprocessor_config.json`` (image mean/std) and ``vla_config.json`` (this
+package's settings: action token range, horizon, prompt template). Everything missing from
+``vla_config.json`` falls back to OpenVLA's conventions.
+
+Only JSON is read here (no torch, no transformers), so the engine can ask for the image token
+count, the action token range, the horizon and the dof cheaply.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from vla_sched.model.action_tokenizer import (
+    ACTION_STATISTICS_FILE,
+    ActionChunkDecoder,
+    ActionStatistics,
+    ActionStatisticsError,
+    ActionTokenizer,
+    ActionTokenizerConfig,
+    load_action_statistics,
+    select_statistics,
+)
+from vla_sched.model.architecture import DecoderSpec, UnsupportedArchitectureError, VisionSpec
+
+CONFIG_FILE = 'config.json'
+VLA_CONFIG_FILE = 'vla_config.json'
+PREPROCESSOR_FILE = 'preprocessor_config.json'
+TOKENIZER_FILE = 'tokenizer.json'
+
+
+class CheckpointError(ValueError):
+    """A checkpoint folder is incomplete or inconsistent."""
+
+
+@dataclass(frozen=True, slots=True)
+class ImagePreprocessing:
+    """How a uint8 RGB frame becomes the tower's ``pixel_values``."""
+
+    image_size: int
+    mean: tuple[float, float, float] = (0.5, 0.5, 0.5)
+    std: tuple[float, float, float] = (0.5, 0.5, 0.5)
+
+    def __post_init__(self) -> None:
+        if self.image_size < 1:
+            raise ValueError(f'image_size must be >= 1, got {self.image_size}')
+        if len(self.mean) != 3 or len(self.std) != 3 or min(self.std) <= 0:
+            raise ValueError(f'need 3 means and 3 positive stds, got {self.mean}, {self.std}')
+
+
+@dataclass(frozen=True, slots=True)
+class PromptTemplate:
+    """Layout of a control step's prompt.
+
+    Default order: ``[bos] + prefix(instruction) + [image tokens] + [state tokens] + suffix``;
+    the part before the image is the robot's session prefix, shared across its steps.
+    ``image_first`` puts the image right after BOS as OpenVLA does (then nothing but BOS is
+    shared across frames).
+    """
+
+    prefix: str = 'In: What action should the robot take to {instruction}?\n'
+    suffix: str = 'Out:'
+    image_first: bool = False
+    add_bos: bool = True
+    lowercase_instruction: bool = True
+    state_tokens: bool = False
+
+    def __post_init__(self) -> None:
+        if '{instruction}' not in self.prefix:
+            raise ValueError('the prompt prefix must contain "{instruction}"')
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any]) -> PromptTemplate:
+        known = {f for f in cls.__dataclass_fields__}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise CheckpointError(f'{VLA_CONFIG_FILE}: unknown prompt fields {unknown}')
+        return cls(**dict(data))
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class CheckpointSpec:
+    """Everything about a VLA checkpoint that the engine and the runner agree on."""
+
+    decoder: DecoderSpec
+    vision: VisionSpec | None
+    image_token_id: int | None
+    preprocessing: ImagePreprocessing | None
+    action_tokens: ActionTokenizerConfig
+    action_horizon: int
+    action_statistics: Mapping[str, ActionStatistics]
+    prompt: PromptTemplate = field(default_factory=PromptTemplate)
+    unnorm_key: str | None = None
+    proprio_statistics: Mapping[str, ActionStatistics] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.action_horizon < 1:
+            raise ValueError(f'action_horizon must be >= 1, got {self.action_horizon}')
+        if self.action_tokens.token_end > self.decoder.vocab_size:
+            raise CheckpointError(
+                f'action tokens end at {self.action_tokens.token_end} but the model vocabulary '
+                f'has {self.decoder.vocab_size} entries'
+            )
+        if self.vision is not None and self.image_token_id is None:
+            raise CheckpointError('a model with a vision tower needs an image token id')
+        if self.image_token_id is not None and not (
+            0 <= self.image_token_id < self.decoder.vocab_size
+        ):
+            raise CheckpointError(f'image token id {self.image_token_id} is outside the vocab')
+        if self.unnorm_key is not None:
+            select_statistics(self.action_statistics, self.unnorm_key)
+
+    def with_unnorm_key(self, unnorm_key: str) -> CheckpointSpec:
+        """The same spec un-normalizing with another dataset's statistics.
+
+        Checkpoints with several datasets' statistics (OpenVLA's base model) need one
+        chosen before ``action_dim`` and ``action_decoder()`` can answer.
+        """
+        select_statistics(self.action_statistics, unnorm_key)
+        return dataclasses.replace(self, unnorm_key=unnorm_key)
+
+    @property
+    def num_image_tokens(self) -> int:
+        """Placeholder tokens one image takes (0 without a vision tower)."""
+        return 0 if self.vision is None else self.vision.num_image_tokens
+
+    @property
+    def action_token_range(self) -> tuple[int, int]:
+        """``[start, end)`` of the action token ids."""
+        return self.action_tokens.token_start, self.action_tokens.token_end
+
+    @property
+    def action_dim(self) -> int:
+        """Degrees of freedom D of one action (from the selected statistics)."""
+        return select_statistics(self.action_statistics, self.unnorm_key).action_dim
+
+    @property
+    def num_action_tokens(self) -> int:
+        """Tokens one control step decodes: horizon H times dof D."""
+        return self.action_horizon * self.action_dim
+
+    def action_decoder(self, unnorm_key: str | None = None) -> ActionChunkDecoder:
+        """Token ids -> ``[H, D]`` actions in robot units, for one dataset's statistics."""
+        key = unnorm_key if unnorm_key is not None else self.unnorm_key
+        return ActionChunkDecoder(
+            tokenizer=ActionTokenizer(self.action_tokens),
+            statistics=select_statistics(self.action_statistics, key),
+            horizon=self.action_horizon,
+        )
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    """Read a JSON object from a checkpoint file with a clear error."""
+    if not path.is_file():
+        raise CheckpointError(f'missing {path.name} in {path.parent}')
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise CheckpointError(f'{path.name} is not valid JSON: {exc}') from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f'{path.name} must hold a JSON object')
+    return data
+
+
+def parse_architecture(config: Mapping[str, Any]) -> tuple[DecoderSpec, VisionSpec | None]:
+    """Decoder and vision specs of a LLaVA (or text-only Llama/Qwen2) ``config.json``."""
+    model_type = config.get('model_type')
+    if model_type == 'llava':
+        text = config.get('text_config')
+        if not isinstance(text, Mapping):
+            raise UnsupportedArchitectureError('LLaVA config.json has no text_config')
+        tie = bool(config.get('tie_word_embeddings', False))
+        decoder = DecoderSpec.from_hf_config(text, tie_word_embeddings=tie)
+        vision = VisionSpec.from_llava_config(config, text_hidden_size=decoder.hidden_size)
+        return decoder, vision
+    if model_type in ('llama', 'qwen2'):
+        return DecoderSpec.from_hf_config(config), None
+    architectures = config.get('architectures')
+    raise UnsupportedArchitectureError(
+        f'unsupported architecture model_type={model_type!r} architectures={architectures}; '
+        'supported: llava (with a llama/qwen2 text model), llama, qwen2'
+    )
+
+
+def base_vocab_size(tokenizer_path: Path) -> int:
+    """Size of a ``tokenizer.json`` model vocabulary without added tokens (OpenVLA's end)."""
+    data = read_json(tokenizer_path)
+    vocab = data.get('model', {}).get('vocab')
+    if not isinstance(vocab, (dict, list)) or not vocab:
+        raise CheckpointError(f'{tokenizer_path.name} has no model vocabulary')
+    if isinstance(vocab, list):  # Unigram models keep a list of [piece, score]
+        return len(vocab)
+    return max(vocab.values()) + 1
+
+
+def _proprio_statistics(statistics: Mapping[str, Any]) -> dict[str, ActionStatistics]:
+    present = {
+        name: {'action': entry['proprio']}
+        for name, entry in statistics.items()
+        if isinstance(entry, Mapping) and isinstance(entry.get('proprio'), Mapping)
+    }
+    return load_action_statistics(present) if present else {}
+
+
+def read_checkpoint_spec(folder: str | Path) -> CheckpointSpec:
+    """Read a checkpoint folder's spec (JSON files only).
+
+    Raises:
+        CheckpointError: for a missing or malformed file.
+        UnsupportedArchitectureError: for a model type this package cannot run.
+        ActionStatisticsError: when the action statistics are missing or malformed.
+    """
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise CheckpointError(f'checkpoint folder {folder} does not exist')
+    config = read_json(folder / CONFIG_FILE)
+    vla = read_json(folder / VLA_CONFIG_FILE) if (folder / VLA_CONFIG_FILE).is_file() else {}
+    vocab_end = None
+    if 'vocab_end' not in vla.get('action_tokens', {}):
+        vocab_end = base_vocab_size(folder / TOKENIZER_FILE)
+    path = folder / ACTION_STATISTICS_FILE
+    if path.is_file():
+        statistics: Mapping[str, Any] = read_json(path)
+    elif isinstance(config.get('norm_stats'), Mapping):
+        statistics = config['norm_stats']
+    else:
+        raise ActionStatisticsError(
+            f'missing action statistics: no {ACTION_STATISTICS_FILE} and no norm_stats in '
+            f'{CONFIG_FILE} under {folder}'
+        )
+    preprocessor = None
+    if (folder / PREPROCESSOR_FILE).is_file():
+        preprocessor = read_json(folder / PREPROCESSOR_FILE)
+    return spec_from_dicts(
+        config, vla, statistics, preprocessor=preprocessor, default_vocab_end=vocab_end
+    )
+
+
+def spec_from_dicts(
+    config: Mapping[str, Any],
+    vla: Mapping[str, Any],
+    statistics: Mapping[str, Any],
+    *,
+    preprocessor: Mapping[str, Any] | None = None,
+    default_vocab_end: int | None = None,
+) -> CheckpointSpec:
+    """Build a spec from already parsed ``config.json``, ``vla_config.json`` and statistics.
+
+    Args:
+        config: The LLaVA (or text-only) ``config.json`` mapping.
+        vla: This package's settings (may be empty).
+        statistics: OpenVLA-layout statistics per dataset.
+        preprocessor: ``preprocessor_config.json`` (image mean/std), if any.
+        default_vocab_end: Action token end when ``vla`` does not set one.
+    """
+    decoder, vision = parse_architecture(config)
+    tokens = dict(vla.get('action_tokens', {}))
+    if 'vocab_end' not in tokens:
+        if default_vocab_end is None:
+            raise CheckpointError('the action token range needs vocab_end or a tokenizer')
+        tokens['vocab_end'] = default_vocab_end
+    preprocessing = None
+    if vision is not None:
+        pre = preprocessor or {}
+        preprocessing = ImagePreprocessing(
+            image_size=vision.image_size,
+            mean=tuple(pre.get('image_mean', (0.5, 0.5, 0.5))),
+            std=tuple(pre.get('image_std', (0.5, 0.5, 0.5))),
+        )
+    image_token = config.get('image_token_index', config.get('image_token_id'))
+    return CheckpointSpec(
+        decoder=decoder,
+        vision=vision,
+        image_token_id=None if vision is None or image_token is None else int(image_token),
+        preprocessing=preprocessing,
+        action_tokens=ActionTokenizerConfig(**tokens),
+        action_horizon=int(vla.get('action_horizon', 1)),
+        action_statistics=load_action_statistics(dict(statistics)),
+        prompt=PromptTemplate.from_mapping(vla.get('prompt', {})),
+        unnorm_key=vla.get('unnorm_key'),
+        proprio_statistics=_proprio_statistics(statistics),
+    )

@@ -1,0 +1,249 @@
+"""The frontend node's settings as frozen dataclasses, validated without I/O.
+
+Each setting is defined once, as a field made by ``vla_sched.settings.setting`` (its default,
+meaning, choices or range, and whether it may change at run time); ``parameters`` derives the
+node's ROS parameters from these fields and fills them in; tests and the demo build them
+directly. Every check names the offending robot and field, so a bad parameter file fails at
+start-up with a message that says what to fix.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass, field
+
+from vla_sched.serving.engine_config import EngineConfig, EngineLinkConfig
+from vla_sched.settings import check_settings, setting, setting_like, settings_of
+
+TRIGGERS = ('periodic', 'on_image')
+ACTION_SPACES = ('joint_position', 'joint_delta', 'ee_delta')
+IMAGE_TRANSPORTS = ('raw', 'compressed')
+EE_DELTA_NAMES = ('x', 'y', 'z', 'roll', 'pitch', 'yaw', 'gripper')
+_ROBOT_ID = re.compile(r'[A-Za-z][A-Za-z0-9_]*')
+_NAMESPACE = re.compile(r'/?[A-Za-z][A-Za-z0-9_]*(/[A-Za-z][A-Za-z0-9_]*)*')
+
+
+class ConfigError(ValueError):
+    """A setting is missing, malformed or out of range; the message names it."""
+
+
+def _names(owner: str, name: str, values: tuple[str, ...]) -> None:
+    if any(not v for v in values):
+        raise ConfigError(f'{owner}.{name} must hold non-empty strings, got {list(values)}')
+    if len(set(values)) != len(values):
+        raise ConfigError(f'{owner}.{name} lists a name twice: {list(values)}')
+
+
+@dataclass(frozen=True, slots=True)
+class RobotConfig:
+    """One robot: where its topics are, when it is due, and what its actions mean.
+
+    ``namespace`` empty means the robot id (relative to the node's namespace).
+    ``state_joint_names`` gives the checkpoint's state order: entry i of the state vector is
+    the position of that joint in ``joint_states``. ``action_joint_names`` names the action
+    columns (empty: the checkpoint's defaults). ``dt`` is the time between the actions of one
+    chunk. ``period_s`` is the control period, and for ``trigger='on_image'`` the target
+    period that the action rate is judged against.
+    """
+
+    robot_id: str
+    namespace: str = setting('', 'topic namespace (empty: the id)')
+    priority: int = setting(0, 'higher runs first when enable_priority is on')
+    period_s: float = setting(
+        0.1,
+        'control period (s); the target rate is 1/period_s',
+        min_value=0.001,
+        max_value=60.0,
+        runtime=True,
+    )
+    trigger: str = setting(
+        'periodic',
+        'periodic: a step per period with the newest image; on_image: a step per new image',
+        choices=TRIGGERS,
+    )
+    instruction: str = setting(
+        '', 'language instruction until one arrives on vla/instruction', runtime=True
+    )
+    state_joint_names: tuple[str, ...] = setting(
+        (), "joint_states names in the checkpoint's state order"
+    )
+    action_joint_names: tuple[str, ...] = setting(
+        (), "names of the action columns (empty: the checkpoint's defaults)"
+    )
+    action_space: str = setting('ee_delta', 'meaning of the actions', choices=ACTION_SPACES)
+    dt: float = setting(
+        0.1, 'seconds between the actions of one chunk', min_value=1e-4, max_value=10.0
+    )
+    frame_id: str = setting('base_link', 'frame_id of the published chunks')
+    publish_joint_trajectory: bool = setting(
+        False, 'also publish vla/joint_trajectory (needs action_space joint_position)'
+    )
+    image_transport: str = setting(
+        'raw',
+        'raw: camera/image_raw; compressed: camera/image_raw/compressed',
+        choices=IMAGE_TRANSPORTS,
+    )
+
+    def __post_init__(self) -> None:
+        owner = f'robots.{self.robot_id}'
+        if not isinstance(self.robot_id, str) or not _ROBOT_ID.fullmatch(self.robot_id):
+            raise ConfigError(
+                f'robot id {self.robot_id!r} must start with a letter and hold only letters, '
+                'digits and underscores'
+            )
+        check_settings(self, error=ConfigError, prefix=owner)
+        if self.namespace and not _NAMESPACE.fullmatch(self.namespace):
+            raise ConfigError(f'{owner}.namespace {self.namespace!r} is not a valid namespace')
+        _names(owner, 'state_joint_names', self.state_joint_names)
+        _names(owner, 'action_joint_names', self.action_joint_names)
+        if self.publish_joint_trajectory and self.action_space != 'joint_position':
+            raise ConfigError(
+                f'{owner}.publish_joint_trajectory needs action_space joint_position '
+                f'(a JointTrajectory holds positions), got {self.action_space!r}'
+            )
+        if self.publish_joint_trajectory and not self.action_joint_names:
+            raise ConfigError(f'{owner}.publish_joint_trajectory needs action_joint_names')
+
+    @property
+    def topic_namespace(self) -> str:
+        return self.namespace or self.robot_id
+
+    def action_names(self, action_dim: int) -> tuple[str, ...]:
+        """Column names for a chunk with ``action_dim`` values per action.
+
+        Raises:
+            ConfigError: ``action_joint_names`` is set but has another length.
+        """
+        if self.action_joint_names:
+            if len(self.action_joint_names) != action_dim:
+                raise ConfigError(
+                    f'robots.{self.robot_id}.action_joint_names has '
+                    f'{len(self.action_joint_names)} names but the checkpoint returns '
+                    f'{action_dim} values per action'
+                )
+            return self.action_joint_names
+        if self.action_space == 'ee_delta' and action_dim == len(EE_DELTA_NAMES):
+            return EE_DELTA_NAMES
+        return tuple(f'a{j}' for j in range(action_dim))
+
+
+@dataclass(frozen=True, slots=True)
+class DiagnosticsConfig:
+    """When /diagnostics is published and what turns a status WARN or ERROR.
+
+    A robot is silent (ERROR) when no camera image arrived for ``silent_robot_s``; its rate is
+    low (WARN) below ``rate_warn_fraction`` of ``1 / period_s`` over the last ``window_s``.
+    The scheduler is WARN when more than ``queue_warn_threshold`` steps wait. The engine sends
+    its statistics every ``period_s`` too, so ``period_s`` is defined as its stats period.
+    """
+
+    period_s: float = setting_like(
+        EngineConfig, 'stats_period_s', group='diagnostics', description='/diagnostics period (s)'
+    )
+    window_s: float = setting(
+        5.0,
+        'window for rates and recent events (s)',
+        min_value=0.1,
+        max_value=3600.0,
+        group='diagnostics',
+    )
+    queue_warn_threshold: int = setting(
+        16,
+        'WARN above this many waiting steps',
+        min_value=0,
+        max_value=1 << 20,
+        group='diagnostics',
+    )
+    rate_warn_fraction: float = setting(
+        0.8,
+        'WARN below this share of the target',
+        min_value=0.01,
+        max_value=1.0,
+        group='diagnostics',
+    )
+    silent_robot_s: float = setting(
+        3.0,
+        'ERROR when no image came for this (s)',
+        min_value=0.1,
+        max_value=3600.0,
+        group='diagnostics',
+    )
+
+    def __post_init__(self) -> None:
+        check_settings(self, error=ConfigError)
+
+
+@dataclass(frozen=True, slots=True)
+class FrontendConfig:
+    """Everything the node needs, validated as a whole.
+
+    ``engine`` holds the engine's own settings; those without a parameter group
+    (``late_policy``, ``max_instruction_bytes``, ``stats_period_s``, ``robots``) stay at their
+    defaults here, since ``engine_config`` fills them in from this config. ``late_policy``
+    'drop' answers a step that ends after its deadline with StepRejected (DEADLINE_MISSED);
+    'deliver_late' publishes its chunk with ``late`` set. The node forwards ``late_policy``
+    and ``max_instruction_bytes`` to the engine, so they are defined as the engine's.
+    """
+
+    robots: tuple[RobotConfig, ...]
+    link: EngineLinkConfig = field(default_factory=EngineLinkConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    diagnostics: DiagnosticsConfig = field(default_factory=DiagnosticsConfig)
+    step_budget_s: float = setting(
+        0.5,
+        'deadline = image stamp + this (s)',
+        min_value=0.001,
+        max_value=60.0,
+        group='deadlines',
+    )
+    late_policy: str = setting_like(EngineConfig, 'late_policy', group='deadlines')
+    max_instruction_bytes: int = setting_like(
+        EngineConfig, 'max_instruction_bytes', group='limits'
+    )
+    max_image_pixels: int = setting(
+        4096 * 4096, 'largest accepted image', min_value=1, max_value=1 << 28, group='limits'
+    )
+
+    def __post_init__(self) -> None:
+        if not self.robots:
+            raise ConfigError('robot_ids is empty: configure at least one robot')
+        ids = [r.robot_id for r in self.robots]
+        if len(set(ids)) != len(ids):
+            raise ConfigError(f'robot_ids lists a robot twice: {ids}')
+        spaces = [r.topic_namespace for r in self.robots]
+        if len(set(spaces)) != len(spaces):
+            raise ConfigError(f'two robots share a namespace: {spaces}')
+        check_settings(self, error=ConfigError)
+        set_by_node = [
+            s.name
+            for s in settings_of(EngineConfig)
+            if not s.group and getattr(self.engine, s.name) != s.default
+        ]
+        if self.engine.robots:
+            set_by_node.append('robots')
+        if set_by_node:
+            raise ConfigError(f'engine settings {sorted(set_by_node)} are set by the node')
+
+    def robot(self, robot_id: str) -> RobotConfig:
+        for robot in self.robots:
+            if robot.robot_id == robot_id:
+                return robot
+        raise KeyError(robot_id)
+
+    def engine_config(self) -> EngineConfig:
+        """The engine's settings: ``engine`` plus what the node fills in.
+
+        Robot priorities are sent only when priority scheduling is on (the scheduler refuses
+        priorities it would not use); the engine's statistics come at the /diagnostics period.
+        """
+        robots = {}
+        if self.engine.enable_priority:
+            robots = {r.robot_id: {'priority': r.priority} for r in self.robots}
+        return dataclasses.replace(
+            self.engine,
+            robots=robots,
+            stats_period_s=self.diagnostics.period_s,
+            max_instruction_bytes=self.max_instruction_bytes,
+            late_policy=self.late_policy,
+        )

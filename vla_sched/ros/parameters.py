@@ -1,0 +1,237 @@
+"""The node's ROS parameters, derived from the settings of its config dataclasses.
+
+Every parameter but ``robot_ids`` is a setting (``vla_sched.settings``): a field of
+``FrontendConfig`` or of a config it holds (``EngineLinkConfig``, ``EngineConfig``,
+``DiagnosticsConfig``) is the parameter ``<group>.<name>``, its group one of ``engine``,
+``scheduler``, ``deadlines``, ``limits``, ``diagnostics``; a setting without a group is filled
+in by the node and is no parameter. Robots are listed in ``robot_ids``; each robot's settings
+(``RobotConfig``) are ``robots.<id>.<name>``, and each one that is not set falls back to
+``robot_defaults.<name>`` (all but ``namespace``: two robots cannot share one). A parameter's
+default, description, choices or range, and read-only flag come from its setting;
+``config/vla_sched.yaml`` documents every parameter declared here (a test checks that the two
+agree).
+
+Only the robot settings marked ``runtime`` (``RUNTIME_ROBOT_PARAMS``: a robot's
+``instruction`` and ``period_s``) may change while the node runs; every other parameter is
+read-only after start-up.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from rcl_interfaces.msg import (
+    FloatingPointRange,
+    IntegerRange,
+    ParameterDescriptor,
+    SetParametersResult,
+)
+
+from vla_sched.ros.conversions import ConversionError, check_instruction
+from vla_sched.ros.node_config import ConfigError, FrontendConfig, RobotConfig
+from vla_sched.serving.engine_config import EngineConfigError
+from vla_sched.settings import Setting, settings_of
+from vla_sched.settings import check_value as check_setting_value
+
+if TYPE_CHECKING:
+    from rclpy.node import Node
+
+ROBOT_DEFAULTS = 'robot_defaults'
+ROBOT_IDS = Setting('robot_ids', ('robot_0',), 'the robots this node serves')
+PER_ROBOT_ONLY = ('namespace',)  # no robot_defaults entry: two robots cannot share one
+RUNTIME_ROBOT_PARAMS = tuple(s.name for s in settings_of(RobotConfig) if s.runtime)
+
+
+@dataclass(frozen=True, slots=True)
+class ParamSpec:
+    """One ROS parameter: its full name and the setting it sets."""
+
+    name: str
+    setting: Setting
+
+    @property
+    def default(self) -> Any:
+        return self.setting.default
+
+
+def _grouped_settings(cls: type) -> Iterator[Setting]:
+    """The settings of ``cls`` that have a group, after those of the configs it holds (its
+    fields whose ``default_factory`` is a config dataclass)."""
+    for f in dataclasses.fields(cls):
+        if dataclasses.is_dataclass(f.default_factory):
+            yield from _grouped_settings(f.default_factory)
+    yield from (s for s in settings_of(cls) if s.group)
+
+
+def node_specs() -> list[ParamSpec]:
+    """Every parameter that does not depend on the robot list."""
+    specs = [ParamSpec(ROBOT_IDS.name, ROBOT_IDS)]
+    # A default is read once, when the robots' parameters are declared: changing one later
+    # would change nothing, so every robot_defaults.* parameter is read-only.
+    specs += [
+        ParamSpec(f'{ROBOT_DEFAULTS}.{s.name}', dataclasses.replace(s, runtime=False))
+        for s in settings_of(RobotConfig)
+        if s.name not in PER_ROBOT_ONLY
+    ]
+    specs += [ParamSpec(s.label, s) for s in _grouped_settings(FrontendConfig)]
+    return specs
+
+
+def robot_specs(robot_id: str, defaults: dict[str, Any]) -> list[ParamSpec]:
+    """``robots.<robot_id>.*``, with defaults taken from ``robot_defaults.*``.
+
+    ``defaults`` maps a setting name to its ``robot_defaults`` value (checked here).
+    """
+    specs = []
+    for s in settings_of(RobotConfig):
+        default = s.default
+        if s.name in defaults:
+            default = check_value(ParamSpec(f'{ROBOT_DEFAULTS}.{s.name}', s), defaults[s.name])
+        specs.append(
+            ParamSpec(f'robots.{robot_id}.{s.name}', dataclasses.replace(s, default=default))
+        )
+    return specs
+
+
+def descriptor(spec: ParamSpec) -> ParameterDescriptor:
+    """The ``rcl_interfaces/ParameterDescriptor`` of a spec (ranges, choices, read-only)."""
+    setting = spec.setting
+    desc = ParameterDescriptor(description=setting.description, read_only=not setting.runtime)
+    if setting.choices:
+        desc.additional_constraints = 'one of: ' + ', '.join(setting.choices)
+    if setting.is_string_list:
+        desc.dynamic_typing = True
+        desc.additional_constraints = 'a list of strings'
+    elif setting.min_value is not None and isinstance(setting.default, float):
+        desc.floating_point_range = [
+            FloatingPointRange(
+                from_value=float(setting.min_value), to_value=float(setting.max_value)
+            )
+        ]
+    elif setting.min_value is not None and isinstance(setting.default, int):
+        desc.integer_range = [
+            IntegerRange(
+                from_value=int(setting.min_value), to_value=int(setting.max_value), step=1
+            )
+        ]
+    return desc
+
+
+def check_value(spec: ParamSpec, value: Any) -> Any:
+    """The value normalised (string lists become tuples), or ConfigError naming the spec."""
+    if spec.setting.is_string_list:
+        if value is None or (isinstance(value, list | tuple) and len(value) == 0):
+            return ()
+        if isinstance(value, list):
+            value = tuple(value)
+    elif (
+        isinstance(spec.default, float) and isinstance(value, int) and not isinstance(value, bool)
+    ):
+        value = float(value)
+    check_setting_value(spec.setting, value, label=spec.name, error=ConfigError)
+    return value
+
+
+def _build(cls: type, values: dict[str, Any], **given: Any) -> Any:
+    """``cls`` from the values of its grouped settings and of the configs it holds."""
+    kwargs = dict(given)
+    for f in dataclasses.fields(cls):
+        if dataclasses.is_dataclass(f.default_factory):
+            kwargs[f.name] = _build(f.default_factory, values)
+    kwargs.update({s.name: values[s.label] for s in settings_of(cls) if s.group})
+    return cls(**kwargs)
+
+
+def config_from_values(values: dict[str, Any]) -> FrontendConfig:
+    """Build the validated config from a full ``{parameter name: value}`` mapping.
+
+    Raises:
+        ConfigError: a value is out of range, or values are inconsistent.
+    """
+    robots = tuple(
+        RobotConfig(
+            robot_id=robot_id,
+            **{s.name: values[f'robots.{robot_id}.{s.name}'] for s in settings_of(RobotConfig)},
+        )
+        for robot_id in values['robot_ids']
+    )
+    try:
+        return _build(FrontendConfig, values, robots=robots)
+    except EngineConfigError as exc:
+        raise ConfigError(str(exc)) from exc
+
+
+def all_specs(robot_ids: Iterable[str], defaults: dict[str, Any]) -> list[ParamSpec]:
+    """The node's specs followed by each robot's."""
+    specs = node_specs()
+    for robot_id in robot_ids:
+        specs.extend(robot_specs(robot_id, defaults))
+    return specs
+
+
+def declare_and_read(node: Node) -> FrontendConfig:
+    """Declare every parameter on ``node`` and return the validated config.
+
+    Raises:
+        ConfigError: a value is of the wrong type, out of range, or inconsistent.
+    """
+    values: dict[str, Any] = {}
+    base = node_specs()
+    for spec in base:
+        values[spec.name] = _declare(node, spec)
+    prefix = f'{ROBOT_DEFAULTS}.'
+    defaults = {
+        spec.name[len(prefix) :]: values[spec.name]
+        for spec in base
+        if spec.name.startswith(prefix)
+    }
+    for robot_id in values['robot_ids']:
+        RobotConfig(robot_id=robot_id)  # a bad id fails before its parameters are declared
+        for spec in robot_specs(robot_id, defaults):
+            values[spec.name] = _declare(node, spec)
+    return config_from_values(values)
+
+
+def _declare(node: Node, spec: ParamSpec) -> Any:
+    default = spec.default
+    if spec.setting.is_string_list:
+        # Dynamically typed, so that an empty list in a YAML file (a byte array to rclpy)
+        # and an unset value (None) are both accepted; check_value normalises them.
+        default = list(spec.default) or None
+    param = node.declare_parameter(spec.name, default, descriptor(spec))
+    return check_value(spec, param.value)
+
+
+def runtime_validator(
+    config: FrontendConfig, apply: Callable[[str, str, Any], None]
+) -> Callable[[list], Any]:
+    """An on-set-parameters callback: checks runtime-changeable robot parameters.
+
+    ``apply(robot_id, name, value)`` is called for each accepted change.
+    """
+    specs = {s.name: s for s in all_specs([r.robot_id for r in config.robots], {})}
+
+    def validate(params: list) -> SetParametersResult:
+        accepted = []
+        for param in params:
+            parts = param.name.split('.')
+            spec = specs.get(param.name)
+            if spec is None or len(parts) != 3 or parts[0] != 'robots':
+                continue  # read-only or unknown parameters are rclpy's business
+            if parts[2] not in RUNTIME_ROBOT_PARAMS:
+                continue
+            try:
+                value = check_value(spec, param.value)
+                if parts[2] == 'instruction' and value:
+                    value = check_instruction(value, max_bytes=config.max_instruction_bytes)
+            except (ConfigError, ConversionError) as exc:
+                return SetParametersResult(successful=False, reason=str(exc))
+            accepted.append((parts[1], parts[2], value))
+        for robot_id, name, value in accepted:
+            apply(robot_id, name, value)
+        return SetParametersResult(successful=True)
+
+    return validate

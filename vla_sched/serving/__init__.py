@@ -1,0 +1,1 @@
+"""Serving logic: engine config, engine cores, the message server, the engine client."""

@@ -1,0 +1,97 @@
+"""What both engine cores report: their ``EngineInfo`` and ``EngineStats`` snapshots.
+
+Both cores count into the scheduler's ``SchedulerMetrics`` (the scheduled core through its
+scheduler, the sequential one directly), so the frontend sees one set of numbers with one
+meaning whichever core runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from vla_sched.engine.scheduling.metrics import SchedulerMetrics
+from vla_sched.ipc.messages import EngineInfo, EngineStats, FailureReason, RobotStats
+
+if TYPE_CHECKING:
+    from vla_sched.model.checkpoint_spec import CheckpointSpec
+
+LATENCY_WINDOW_SIZE = 512
+RETRACT_WINDOW_NS = 10 * 10**9
+
+
+def new_metrics() -> SchedulerMetrics:
+    return SchedulerMetrics(window_size=LATENCY_WINDOW_SIZE, retract_window_ns=RETRACT_WINDOW_NS)
+
+
+def num_state_values(spec: CheckpointSpec) -> int:
+    """Length of the state vector the checkpoint's prompt takes (0: no state tokens)."""
+    if not spec.prompt.state_tokens:
+        return 0
+    return next(iter(spec.proprio_statistics.values())).action_dim
+
+
+def engine_info(
+    spec: CheckpointSpec, *, model_name: str, max_instruction_bytes: int, random_weights: bool
+) -> EngineInfo:
+    return EngineInfo(
+        model_name=model_name,
+        num_state=num_state_values(spec),
+        action_horizon=spec.action_horizon,
+        action_dim=spec.action_dim,
+        image_size=spec.preprocessing.image_size if spec.preprocessing else 0,
+        max_instruction_tokens=max_instruction_bytes,
+        random_weights=random_weights,
+    )
+
+
+def record_failure(metrics: SchedulerMetrics, robot_id: str, reason: FailureReason) -> None:
+    """Count a step refused before it reached a scheduler."""
+    metrics.record_abort(robot_id, reason.value)
+    if reason is FailureReason.DEADLINE_MISSED:
+        metrics.record_deadline_miss(robot_id)
+
+
+def engine_stats(
+    metrics: SchedulerMetrics,
+    now_ns: int,
+    *,
+    num_waiting: int,
+    num_running: int,
+    chunked_rid: str,
+    kv_use_percent: float,
+    session_prefix_tokens: Mapping[str, int] | None = None,
+) -> EngineStats:
+    """A snapshot of ``metrics`` and of what the core holds now (queue, batch, KV use).
+
+    ``session_prefix_tokens`` is each robot's session prefix tokens held in the radix cache
+    (none: the core keeps no sessions).
+    """
+    prefix_tokens = session_prefix_tokens or {}
+    robots = {
+        robot_id: RobotStats(
+            num_retracts=c.num_retracts,
+            num_cached_session_prefix_tokens=prefix_tokens.get(robot_id, 0),
+            ttft_ms_p50=c.ttft.percentile_ms(50),
+            itl_ms_p50=c.itl.percentile_ms(50),
+            itl_ms_p99=c.itl.percentile_ms(99),
+        )
+        for robot_id, c in metrics.robots.items()
+    }
+    return EngineStats(
+        sent_ns=now_ns,
+        num_waiting=num_waiting,
+        num_running=num_running,
+        chunked_rid=chunked_rid,
+        num_retracts_total=metrics.num_retracts_total,
+        num_retracts_window=metrics.num_retracts_in_window(now_ns),
+        num_delayed_prefills=metrics.num_delayed_prefills,
+        kv_use_percent=kv_use_percent,
+        cache_hit_rate=metrics.cache_hit_rate,
+        arrival_to_finish_ms_p50=metrics.arrival_to_finish.percentile_ms(50),
+        arrival_to_finish_ms_p99=metrics.arrival_to_finish.percentile_ms(99),
+        itl_ms_p50=metrics.itl.percentile_ms(50),
+        itl_ms_p99=metrics.itl.percentile_ms(99),
+        aborts_by_reason=dict(metrics.aborts_by_reason),
+        robots=robots,
+    )

@@ -1,0 +1,220 @@
+"""The frontend's handle on the engine: start it, talk to it, notice when it dies, restart it.
+
+The engine runs either as a child process (``mode='process'``, over ZMQ ``ipc://`` sockets in
+a private runtime folder) or in a thread of the caller (``mode='inprocess'``, over queues).
+Both speak the same messages and heartbeats, so the frontend cannot tell them apart except by
+``pid``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from vla_sched.ipc.channel import (
+    Channel,
+    ChannelClosedError,
+    ZmqChannel,
+    in_process_pair,
+    new_endpoints,
+    private_runtime_dir,
+    remove_runtime_dir,
+)
+from vla_sched.ipc.heartbeat import HeartbeatTracker
+from vla_sched.ipc.messages import CloseSession, EngineInfo, Heartbeat, StepRequest
+from vla_sched.serving.engine_config import EngineConfig, EngineLinkConfig
+
+
+class EngineUnavailable(RuntimeError):  # noqa: N818 (reads as a state, like TimeoutError)
+    """The engine is not running, still starting, or not answering."""
+
+
+class EngineClient:
+    """Frontend side of the engine connection (see the module docstring)."""
+
+    def __init__(self, config: EngineConfig, link: EngineLinkConfig | None = None) -> None:
+        """``config`` is what the engine runs with; ``link`` how it is run and watched
+        (default: ``EngineLinkConfig()``)."""
+        self.config = config
+        self.link = link if link is not None else EngineLinkConfig()
+        self.info: EngineInfo | None = None
+        self._heartbeat = HeartbeatTracker(
+            sender='frontend',
+            period_s=self.link.heartbeat_period_s,
+            timeout_s=self.link.heartbeat_timeout_s,
+        )
+        self._channel: Channel | None = None
+        self._process: subprocess.Popen | None = None
+        self._thread: threading.Thread | None = None
+        self._stop_thread: threading.Event | None = None
+        self._runtime_dir: Path | None = None
+        self._generation = 0
+        self._thread_error = ''
+
+    # --- life cycle ---------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the engine; returns at once (``info`` is set when the engine is ready)."""
+        if self._channel is not None:
+            raise RuntimeError('engine already started; use restart()')
+        self._generation += 1
+        self._heartbeat.reset()
+        self._thread_error = ''
+        self.info = None
+        if self.link.mode == 'process':
+            self._start_process()
+        else:
+            self._start_thread()
+
+    def _start_process(self) -> None:
+        if self._runtime_dir is None:
+            self._runtime_dir = private_runtime_dir()
+        endpoints = new_endpoints(self._runtime_dir, self._generation)
+        self._channel = ZmqChannel(endpoints, bind=True)
+        cmd = [
+            sys.executable, '-m', 'vla_sched.serving.engine_main',
+            '--to-engine', endpoints.to_engine,
+            '--from-engine', endpoints.from_engine,
+            '--config', json.dumps(self.config.to_mapping()),
+            '--heartbeat-period', str(self.link.heartbeat_period_s),
+            '--heartbeat-timeout', str(self.link.heartbeat_timeout_s),
+        ]  # fmt: skip
+        self._process = subprocess.Popen(cmd)
+
+    def _start_thread(self) -> None:
+        from vla_sched.serving.core_factory import build_core
+        from vla_sched.serving.message_server import serve
+
+        frontend_end, engine_end = in_process_pair()
+        self._channel = frontend_end
+        stop = threading.Event()
+        config = self.config
+        heartbeat = HeartbeatTracker(
+            sender='engine',
+            period_s=self.link.heartbeat_period_s,
+            timeout_s=self.link.heartbeat_timeout_s,
+        )
+
+        def run() -> None:
+            try:
+                core = build_core(config)
+            except Exception as exc:  # reported through ``failure``, like a dead process
+                self._thread_error = f'{type(exc).__name__}: {exc}'
+                return
+            try:
+                serve(
+                    engine_end,
+                    core,
+                    heartbeat=heartbeat,
+                    stats_period_s=config.stats_period_s,
+                    stop=stop,
+                )
+            finally:
+                core.close()
+                engine_end.close()
+
+        self._stop_thread = stop
+        self._thread = threading.Thread(target=run, name='vla_sched-engine', daemon=True)
+        self._thread.start()
+
+    def stop(self, *, grace_s: float = 5.0) -> None:
+        """Stop the engine and drop its connection; queued messages are discarded.
+
+        A process gets ``grace_s`` to exit after SIGTERM, then SIGKILL (0: at once).
+        """
+        if self._process is not None:
+            if grace_s > 0:
+                self._process.terminate()
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self._process.wait(timeout=grace_s)
+            if self._process.poll() is None:
+                self._process.kill()
+                self._process.wait()
+            self._process = None
+        if self._thread is not None:
+            assert self._stop_thread is not None
+            self._stop_thread.set()
+            self._thread.join(timeout=10)
+            self._thread = None
+        if self._channel is not None:
+            self._channel.close()
+            self._channel = None
+        self.info = None
+
+    def restart(self) -> None:
+        """Replace the engine: a dead or silent one is killed at once, not waited for."""
+        self.stop(grace_s=0.0)
+        self.start()
+
+    def close(self) -> None:
+        """Stop the engine and remove the runtime folder."""
+        self.stop()
+        if self._runtime_dir is not None:
+            remove_runtime_dir(self._runtime_dir)
+            self._runtime_dir = None
+
+    # --- talking ------------------------------------------------------------------------
+
+    @property
+    def pid(self) -> int | None:
+        return None if self._process is None else self._process.pid
+
+    @property
+    def alive(self) -> bool:
+        """Ready (its EngineInfo arrived), running, and heard from within the timeout."""
+        if self._channel is None or self.info is None:
+            return False
+        if self._process is not None and self._process.poll() is not None:
+            return False
+        if self._thread is not None and not self._thread.is_alive():
+            return False
+        return self._heartbeat.alive(time.monotonic())
+
+    @property
+    def failure(self) -> str:
+        """Why the engine stopped on its own ('' while it runs or before it starts)."""
+        if self._process is not None and self._process.poll() is not None:
+            return f'engine process exited with status {self._process.returncode}'
+        if self._thread is not None and not self._thread.is_alive():
+            return self._thread_error or 'engine thread ended'
+        return ''
+
+    @property
+    def heartbeat_age_s(self) -> float:
+        return self._heartbeat.age_s(time.monotonic())
+
+    def send(self, msg: StepRequest | CloseSession) -> None:
+        """Send a step or a session close; raises EngineUnavailable unless ``alive``."""
+        if not self.alive:
+            raise EngineUnavailable('the engine is not running or not answering')
+        assert self._channel is not None
+        try:
+            self._channel.send(msg)
+        except ChannelClosedError as exc:
+            raise EngineUnavailable(str(exc)) from exc
+
+    def poll(self, timeout_s: float = 0.0) -> list[Any]:
+        """Send a heartbeat when due; return every message that arrived (heartbeats aside)."""
+        if self._channel is None:
+            return []
+        beat = self._heartbeat.due(time.monotonic())
+        if beat is not None:
+            # Nobody connected yet, or gone: ``alive`` says which.
+            with contextlib.suppress(ChannelClosedError):
+                self._channel.send(beat)
+        out: list[Any] = []
+        msg = self._channel.recv(timeout_s)
+        while msg is not None:
+            self._heartbeat.seen(time.monotonic())
+            if isinstance(msg, EngineInfo):
+                self.info = msg
+            if not isinstance(msg, Heartbeat):
+                out.append(msg)
+            msg = self._channel.recv(0.0)
+        return out

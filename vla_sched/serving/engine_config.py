@@ -1,0 +1,203 @@
+"""The engine's settings, and how the frontend runs and watches the engine.
+
+Each setting is defined once, as a field made by ``vla_sched.settings.setting``; the node's
+ROS parameters are derived from those fields (the field's ``group`` is the parameter
+section). The frontend sends ``EngineConfig`` as a JSON-able mapping (the engine may run in
+another process); ``EngineConfig.from_mapping`` validates every key without I/O and names the
+offending one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from vla_sched.engine.scheduling.scheduler_config import (
+    LATE_POLICIES,
+    PRIORITY_POLICIES,
+    SCHEDULE_POLICIES,
+)
+from vla_sched.settings import check_settings, setting
+
+DEVICES = ('auto', 'cpu', 'cuda')
+DTYPES = ('auto', 'float32', 'bfloat16', 'float16')
+CORES = ('scheduled', 'sequential')
+ENGINE_MODES = ('process', 'inprocess')
+
+
+class EngineConfigError(ValueError):
+    """An engine setting is missing, unknown or out of range."""
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    """How the engine loads its model and schedules steps.
+
+    ``model_path`` empty means the built-in tiny random checkpoint (built on first use; its
+    actions are meaningless). ``core`` 'sequential' runs one step at a time with no batching
+    (the way single-robot VLA servers work), for comparison. ``prefill_decode_interval``
+    decode-only passes follow each prefill, so a new image cannot stall robots mid-decode
+    for more than one prefill at a time (0: SGLang's prefill-first). ``cpu_threads`` is
+    torch's thread count when the model runs on the CPU (small models run fastest on one).
+    ``cuda_graphs`` replays decode steps as CUDA graphs (GPU only; ignored on the CPU).
+
+    The settings without a group are not parameters of their own: the node fills them in
+    from its ``deadlines``, ``limits`` and ``diagnostics`` settings and its robots' priorities
+    (``robots``: ``{robot_id: {'priority': int}}``).
+    """
+
+    model_path: str = setting(
+        '', 'checkpoint folder (empty: the built-in tiny one)', group='engine'
+    )
+    device: str = setting('auto', 'auto, cpu or cuda', choices=DEVICES, group='engine')
+    dtype: str = setting('auto', 'weights and KV dtype', choices=DTYPES, group='engine')
+    core: str = setting(
+        'scheduled',
+        'scheduled (batching) or sequential (baseline)',
+        choices=CORES,
+        group='engine',
+    )
+    cpu_threads: int = setting(
+        1,
+        'torch threads when the model runs on the CPU',
+        min_value=1,
+        max_value=256,
+        group='engine',
+    )
+    cuda_graphs: bool = setting(
+        False, 'replay decode steps as CUDA graphs (GPU only)', group='engine'
+    )
+    policy: str = setting(
+        'fcfs', 'waiting-queue order', choices=SCHEDULE_POLICIES, group='scheduler'
+    )
+    enable_priority: bool = setting(False, 'order by robot priority first', group='scheduler')
+    chunked_prefill_size: int = setting(
+        256, 'max prefill tokens per step', min_value=1, max_value=1 << 20, group='scheduler'
+    )
+    page_size: int = setting(
+        16, 'tokens per KV page', min_value=1, max_value=1024, group='scheduler'
+    )
+    kv_pool_tokens: int = setting(
+        16384, 'KV pool size in tokens', min_value=1, max_value=1 << 30, group='scheduler'
+    )
+    max_running_requests: int = setting(
+        64, 'max steps decoding at once', min_value=1, max_value=4096, group='scheduler'
+    )
+    enable_prefill_delayer: bool = setting(
+        True, 'delay prefills to protect decodes', group='scheduler'
+    )
+    enable_overlap: bool = setting(
+        True, 'process results one step behind the GPU', group='scheduler'
+    )
+    prefill_decode_interval: int = setting(
+        1,
+        'decode-only steps after each prefill (0: prefill first)',
+        min_value=0,
+        max_value=1000,
+        group='scheduler',
+    )
+    late_policy: str = setting(
+        'drop', 'drop late steps or deliver them marked late', choices=LATE_POLICIES
+    )
+    max_instruction_bytes: int = setting(
+        1024, 'longest accepted instruction (UTF-8 bytes)', min_value=1, max_value=1 << 20
+    )
+    stats_period_s: float = setting(
+        1.0, 'period of the engine statistics (s)', min_value=0.05, max_value=60.0
+    )
+    robots: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        check_settings(self, error=EngineConfigError)
+        if self.kv_pool_tokens < self.page_size:
+            raise EngineConfigError(
+                f'kv_pool_tokens ({self.kv_pool_tokens}) is smaller than one page '
+                f'({self.page_size})'
+            )
+        if self.enable_priority and self.policy not in PRIORITY_POLICIES:
+            raise EngineConfigError(
+                f'scheduler.enable_priority works with policy {" or ".join(PRIORITY_POLICIES)}'
+                f', not {self.policy!r}'
+            )
+        for robot_id, settings in self.robots.items():
+            if not robot_id or not isinstance(settings, Mapping):
+                raise EngineConfigError(f'robots: bad entry {robot_id!r}: {settings!r}')
+            unknown = set(settings) - {'priority'}
+            if unknown:
+                raise EngineConfigError(f'robots.{robot_id}: unknown keys {sorted(unknown)}')
+            priority = settings.get('priority', 0)
+            if isinstance(priority, bool) or not isinstance(priority, int):
+                raise EngineConfigError(f'robots.{robot_id}.priority must be an integer')
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any]) -> EngineConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise EngineConfigError(f'unknown engine settings {unknown}')
+        return cls(**dict(data))
+
+    def to_mapping(self) -> dict[str, Any]:
+        """Every field as JSON-able values; ``from_mapping`` rebuilds an equal config."""
+        out = dataclasses.asdict(self)
+        out['robots'] = {k: dict(v) for k, v in self.robots.items()}
+        return out
+
+    def robot_priority(self, robot_id: str) -> int:
+        return int(self.robots.get(robot_id, {}).get('priority', 0))
+
+
+@dataclass(frozen=True, slots=True)
+class EngineLinkConfig:
+    """How the frontend runs the engine and watches it (``engine.*`` parameters).
+
+    Heartbeats go both ways every ``heartbeat_period_s``; an engine not heard from for
+    ``heartbeat_timeout_s`` is presumed dead. Beats are sent between scheduler iterations, so
+    the timeout must exceed the slowest iteration; a dead process or thread is noticed at
+    once, without waiting for it. A dead engine is restarted after ``restart_delay_s``; one not
+    ready ``start_timeout_s`` after a start is dead. The frontend collects results every
+    ``poll_period_s``.
+    """
+
+    mode: str = setting(
+        'process',
+        'process: own process over ZMQ; inprocess: thread',
+        choices=ENGINE_MODES,
+        group='engine',
+    )
+    heartbeat_period_s: float = setting(
+        0.2, 'heartbeat period both ways (s)', min_value=0.01, max_value=10.0, group='engine'
+    )
+    heartbeat_timeout_s: float = setting(
+        1.0, 'engine presumed dead after (s)', min_value=0.05, max_value=60.0, group='engine'
+    )
+    restart_delay_s: float = setting(
+        1.0,
+        'wait before restarting a dead engine (s)',
+        min_value=0.0,
+        max_value=600.0,
+        group='engine',
+    )
+    start_timeout_s: float = setting(
+        120.0,
+        'an engine not ready after this is dead (s)',
+        min_value=1.0,
+        max_value=3600.0,
+        group='engine',
+    )
+    poll_period_s: float = setting(
+        0.005,
+        'how often results are collected (s)',
+        min_value=0.001,
+        max_value=0.1,
+        group='engine',
+    )
+
+    def __post_init__(self) -> None:
+        check_settings(self, error=EngineConfigError)
+        if self.heartbeat_period_s >= self.heartbeat_timeout_s:
+            raise EngineConfigError(
+                'engine.heartbeat_period_s must be below engine.heartbeat_timeout_s'
+            )

@@ -1,0 +1,52 @@
+"""Entry point of the engine process: connect to the frontend's sockets and serve.
+
+    python -m vla_sched.serving.engine_main --to-engine ipc://... --from-engine ipc://... \
+        --config '{"model_path": ""}'
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import threading
+
+from vla_sched.ipc.channel import ZmqChannel, ZmqEndpoints
+from vla_sched.ipc.heartbeat import HeartbeatTracker
+from vla_sched.serving.core_factory import build_core
+from vla_sched.serving.engine_config import EngineConfig
+from vla_sched.serving.message_server import serve
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description='vla_sched engine process')
+    parser.add_argument('--to-engine', required=True)
+    parser.add_argument('--from-engine', required=True)
+    parser.add_argument('--config', default='{}', help='engine settings as JSON')
+    parser.add_argument('--heartbeat-period', type=float, required=True)
+    parser.add_argument('--heartbeat-timeout', type=float, required=True)
+    args = parser.parse_args(argv)
+
+    config = EngineConfig.from_mapping(json.loads(args.config))
+    core = build_core(config)
+    channel = ZmqChannel(ZmqEndpoints(args.to_engine, args.from_engine), bind=False)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    heartbeat = HeartbeatTracker(
+        sender='engine', period_s=args.heartbeat_period, timeout_s=args.heartbeat_timeout
+    )
+    try:
+        why = serve(
+            channel, core, heartbeat=heartbeat, stats_period_s=config.stats_period_s, stop=stop
+        )
+    finally:
+        core.close()
+        channel.close()
+    print(f'vla_sched engine: {why}', file=sys.stderr)
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())

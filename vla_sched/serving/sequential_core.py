@@ -1,0 +1,197 @@
+"""One step at a time through transformers' ``generate``: how single-robot VLA servers run.
+
+This is the comparison point for the scheduled core: no batching, no KV reuse across steps,
+the whole prompt prefilled on every step. It shares the input checks, the newest-wins rule
+and the statistics with the scheduled core, so the two differ only in how steps execute.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections import OrderedDict
+
+import numpy as np
+import torch
+
+from vla_sched.ipc.messages import (
+    EngineInfo,
+    EngineStats,
+    FailureReason,
+    StepFailure,
+    StepRequest,
+    StepResult,
+)
+from vla_sched.serving.checkpoints import resolve_checkpoint
+from vla_sched.serving.core_stats import engine_info, engine_stats, new_metrics, record_failure
+from vla_sched.serving.device_choice import pick_device_and_dtype
+from vla_sched.serving.engine_config import EngineConfig
+from vla_sched.serving.step_checks import check_step_request
+
+
+class _Timing:
+    """A logits processor that masks non-action tokens and stamps each decode step."""
+
+    def __init__(self, start: int, end: int) -> None:
+        self.start, self.end = start, end
+        self.stamps: list[float] = []
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        self.stamps.append(time.perf_counter())
+        masked = torch.full_like(scores, float('-inf'))
+        masked[:, self.start : self.end] = scores[:, self.start : self.end]
+        return masked
+
+
+class SequentialCore:
+    """Serves steps one by one with ``LlavaForConditionalGeneration.generate``."""
+
+    def __init__(self, config: EngineConfig, *, folder, random_weights: bool) -> None:
+        import transformers
+
+        from vla_sched.model.checkpoint_spec import read_checkpoint_spec
+        from vla_sched.model.prompt import VLAPromptBuilder
+
+        self.config = config
+        self.device, self.dtype = pick_device_and_dtype(config)
+        self.spec = read_checkpoint_spec(folder)
+        self.prompts = VLAPromptBuilder.from_checkpoint(folder)
+        self.model = transformers.LlavaForConditionalGeneration.from_pretrained(
+            folder, dtype=self.dtype
+        ).to(self.device)
+        self.model.eval()
+        self.decoder = self.spec.action_decoder()
+        self._info = engine_info(
+            self.spec,
+            model_name=str(folder.name),
+            max_instruction_bytes=config.max_instruction_bytes,
+            random_weights=random_weights,
+        )
+        # Each robot's waiting step and when it arrived here (ns): latencies start there.
+        self._waiting: OrderedDict[str, tuple[StepRequest, int]] = OrderedDict()
+        self.metrics = new_metrics()
+
+    @classmethod
+    def from_config(cls, config: EngineConfig) -> SequentialCore:
+        folder, random_weights = resolve_checkpoint(config.model_path)
+        return cls(config, folder=folder, random_weights=random_weights)
+
+    @property
+    def info(self) -> EngineInfo:
+        return self._info
+
+    def submit(self, request: StepRequest, now_ns: int) -> list[StepFailure]:
+        failure = check_step_request(
+            request,
+            num_state=self._info.num_state,
+            max_instruction_bytes=self.config.max_instruction_bytes,
+        )
+        if failure is not None:
+            record_failure(self.metrics, request.robot_id, failure.reason)
+            return [failure]
+        out = []
+        older, _ = self._waiting.pop(request.robot_id, (None, 0))
+        if older is not None:
+            out.append(
+                StepFailure(
+                    older.robot_id, older.step_seq, older.stamp_ns, FailureReason.SUPERSEDED,
+                    f'superseded by step {request.step_seq}',
+                )
+            )  # fmt: skip
+            record_failure(self.metrics, older.robot_id, FailureReason.SUPERSEDED)
+        self._waiting[request.robot_id] = (request, now_ns)
+        return out
+
+    def close_session(self, robot_id: str) -> None:
+        self._waiting.pop(robot_id, None)
+
+    def has_work(self) -> bool:
+        return bool(self._waiting)
+
+    def step(self, now_ns: int) -> list[StepResult | StepFailure]:
+        _, (request, arrival_ns) = self._waiting.popitem(last=False)
+        late = now_ns > request.deadline_ns
+        if late and self.config.late_policy == 'drop':
+            record_failure(self.metrics, request.robot_id, FailureReason.DEADLINE_MISSED)
+            return [
+                StepFailure(
+                    request.robot_id, request.step_seq, request.stamp_ns,
+                    FailureReason.DEADLINE_MISSED,
+                    f'waited {(now_ns - request.received_ns) / 1e6:.1f} ms, past its deadline',
+                )
+            ]  # fmt: skip
+        result = self._generate(request, arrival_ns=arrival_ns, start_ns=now_ns)
+        if result.late and self.config.late_policy == 'drop':
+            record_failure(self.metrics, request.robot_id, FailureReason.DEADLINE_MISSED)
+            done_ms = (time.time_ns() - request.deadline_ns) / 1e6
+            return [
+                StepFailure(
+                    request.robot_id, request.step_seq, request.stamp_ns,
+                    FailureReason.DEADLINE_MISSED, f'done {done_ms:.1f} ms after its deadline',
+                )
+            ]  # fmt: skip
+        return [result]
+
+    @torch.inference_mode()
+    def _generate(self, request: StepRequest, *, arrival_ns: int, start_ns: int) -> StepResult:
+        """Generate one step that arrived at ``arrival_ns`` and starts at ``start_ns``."""
+        from vla_sched.model.vision import preprocess_image
+
+        state = request.state if self._info.num_state else None
+        layout = self.prompts.build(request.instruction, state=state)
+        input_ids = torch.tensor([layout.token_ids], device=self.device)
+        pixels = preprocess_image(request.image, self.spec.preprocessing, device=self.device)
+        timing = _Timing(*self.spec.action_token_range)
+        start = time.perf_counter()
+        out = self.model.generate(
+            input_ids=input_ids,
+            attention_mask=torch.ones_like(input_ids),
+            pixel_values=pixels[None].to(self.dtype),
+            max_new_tokens=self.spec.num_action_tokens,
+            min_new_tokens=self.spec.num_action_tokens,
+            do_sample=False,
+            logits_processor=[timing],
+            pad_token_id=0,
+        )
+        tokens = out[0, input_ids.shape[1] :].tolist()
+        actions = self.decoder.decode(tokens).astype(np.float32)
+        end = time.perf_counter()
+        stamps = [start, *timing.stamps, end]
+        prefill_ms = (stamps[1] - start) * 1e3
+        decode_ms = (end - stamps[1]) * 1e3
+        done_ns = time.time_ns()
+        late = done_ns > request.deadline_ns
+        queue_ms = (start_ns - request.received_ns) / 1e6
+        robot = request.robot_id
+        self.metrics.record_first_token(robot, start_ns - arrival_ns + int(prefill_ms * 1e6))
+        for a, b in itertools.pairwise(stamps[1:-1]):
+            self.metrics.record_itl(robot, int((b - a) * 1e9))
+        self.metrics.record_cache_hit(robot, 0, len(layout.token_ids))
+        if late and self.config.late_policy == 'deliver_late':
+            self.metrics.record_deadline_miss(robot)
+        if not late or self.config.late_policy == 'deliver_late':
+            self.metrics.record_step_done(robot, done_ns - arrival_ns)
+        return StepResult(
+            robot_id=request.robot_id,
+            step_seq=request.step_seq,
+            stamp_ns=request.stamp_ns,
+            actions=actions,
+            queue_ms=queue_ms,
+            prefill_ms=prefill_ms,
+            decode_ms=decode_ms,
+            late=late,
+            num_cached_prefix_tokens=0,
+        )
+
+    def stats(self, now_ns: int) -> EngineStats:
+        return engine_stats(
+            self.metrics,
+            now_ns,
+            num_waiting=len(self._waiting),
+            num_running=0,
+            chunked_rid='',
+            kv_use_percent=0.0,
+        )
+
+    def close(self) -> None:
+        self._waiting.clear()
