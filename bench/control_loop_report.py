@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from bench.robot_fleet import STAGES, FleetWindow
+from vla_sched.ros.node_config import TRIGGERS
 
 SYSTEMS = ('vla_sched', 'baseline')
-TRIGGERS = ('on_image', 'periodic')
 
 
 @dataclass(frozen=True, slots=True)

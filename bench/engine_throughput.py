@@ -124,7 +124,7 @@ def measure(
 
 def markdown_table(rows: list[Throughput]) -> str:
     lines = [
-        '| robots | core | steps/s | step p50 ms | per step: model ms | scheduler ms '
+        '| robots | core | steps/s | submit to result p50 ms | per step: model ms | scheduler ms '
         '| glue ms | scheduled / sequential |',
         '|---|---|---|---|---|---|---|---|',
     ]

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from vla_sched.ipc.messages import EngineInfo, EngineStats
-from vla_sched.ros.node_config import EngineLinkConfig
+from vla_sched.serving.engine_config import EngineLinkConfig
 
 STARTING = 'starting'
 READY = 'ready'

@@ -11,17 +11,20 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from vla_sched.engine.scheduling.metrics import SchedulerMetrics
+from vla_sched.engine.scheduling.scheduler_config import SchedulerConfig, ms_to_ns
 from vla_sched.ipc.messages import EngineInfo, EngineStats, FailureReason, RobotStats
 
 if TYPE_CHECKING:
     from vla_sched.model.checkpoint_spec import CheckpointSpec
 
-LATENCY_WINDOW_SIZE = 512
-RETRACT_WINDOW_NS = 10 * 10**9
-
 
 def new_metrics() -> SchedulerMetrics:
-    return SchedulerMetrics(window_size=LATENCY_WINDOW_SIZE, retract_window_ns=RETRACT_WINDOW_NS)
+    """Metrics with the scheduler's own window sizes, for a core without a scheduler."""
+    config = SchedulerConfig()
+    return SchedulerMetrics(
+        window_size=config.latency_window_size,
+        retract_window_ns=ms_to_ns(config.retract_window_ms),
+    )
 
 
 def num_state_values(spec: CheckpointSpec) -> int:

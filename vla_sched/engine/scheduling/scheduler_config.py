@@ -115,7 +115,8 @@ class SchedulerConfig:
         disable_consecutive_prefill_overlap: process a prefill's results before launching
             the next prefill (better time to first token).
         retract_window_ms: length of the sliding window of the retract counter.
-        latency_window_size: samples kept per latency window (TTFT, ITL, step latency).
+        latency_window_size: samples kept per latency window (TTFT, ITL, arrival to
+            finish, admission to finish).
         prefill_delayer: see ``PrefillDelayerConfig``.
     """
 
