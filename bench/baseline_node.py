@@ -51,6 +51,8 @@ from std_msgs.msg import String
 
 from vla_sched.msg import ActionChunk
 from vla_sched.ros.conversions import ConversionError, image_to_rgb, ns_to_stamp, stamp_to_ns
+from vla_sched.ros.node_config import TRIGGERS
+from vla_sched.serving.engine_config import DEVICES
 
 READY_LINE = 'baseline: ready'
 
@@ -347,11 +349,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument('--robots', type=int, default=1, help='serves robot_0 .. robot_{N-1}')
     parser.add_argument('--period', type=float, default=0.1, help='control period (s)')
-    parser.add_argument('--trigger', choices=('on_image', 'periodic'), default='on_image')
+    parser.add_argument('--trigger', choices=TRIGGERS, default='on_image')
     parser.add_argument('--budget', type=float, default=0.5, help='late after stamp + this (s)')
     parser.add_argument('--instruction', default='pick up the red block')
     parser.add_argument('--model-path', default='', help='checkpoint (default: the tiny one)')
-    parser.add_argument('--device', choices=('auto', 'cpu', 'cuda'), default='auto')
+    parser.add_argument('--device', choices=DEVICES, default='auto')
     parser.add_argument('--cpu-threads', type=int, default=1, help='torch threads on the CPU')
     args = parser.parse_args(argv)
     if min(args.robots, args.cpu_threads) < 1:

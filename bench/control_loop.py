@@ -55,6 +55,7 @@ from bench.control_loop_report import (
     summarize,
 )
 from bench.robot_fleet import FleetConfig, RobotFleet
+from vla_sched.serving.engine_config import DEVICES
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -264,7 +265,7 @@ def parse_plan(argv: list[str] | None = None) -> tuple[LoopPlan, str]:
     parser.add_argument('--duration', type=float, default=base.duration_s, help='window s')
     parser.add_argument('--windows', type=int, default=base.num_windows)
     parser.add_argument('--model-path', default='', help='checkpoint (default: the tiny one)')
-    parser.add_argument('--device', choices=('auto', 'cpu', 'cuda'), default=base.device)
+    parser.add_argument('--device', choices=DEVICES, default=base.device)
     parser.add_argument('--systems', nargs='+', choices=SYSTEMS, default=list(SYSTEMS))
     parser.add_argument(
         '--node-param',

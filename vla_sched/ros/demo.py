@@ -31,7 +31,13 @@ from diagnostic_msgs.msg import DiagnosticArray
 from rclpy.executors import SingleThreadedExecutor
 
 from vla_sched.ros.diagnostics import SCHEDULER_STATUS_NAME
-from vla_sched.serving.engine_config import CORES, DEVICES, ENGINE_MODES
+from vla_sched.serving.engine_config import (
+    CORES,
+    DEVICES,
+    ENGINE_MODES,
+    EngineConfig,
+    EngineLinkConfig,
+)
 
 
 def params_file(args: argparse.Namespace, folder: Path) -> Path:
@@ -320,10 +326,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument('--period', type=float, default=0.5, help='control period (s)')
     parser.add_argument('--camera-rate', type=float, default=10.0, help='images per second')
     parser.add_argument('--step-budget', type=float, default=1.0, help='deadline budget (s)')
-    parser.add_argument('--engine-mode', choices=ENGINE_MODES, default='process')
-    parser.add_argument('--core', choices=CORES, default='scheduled')
+    engine, link = EngineConfig(), EngineLinkConfig()
+    parser.add_argument('--engine-mode', choices=ENGINE_MODES, default=link.mode)
+    parser.add_argument('--core', choices=CORES, default=engine.core)
     parser.add_argument('--model-path', default='', help='checkpoint (default: tiny)')
-    parser.add_argument('--device', choices=DEVICES, default='auto')
+    parser.add_argument('--device', choices=DEVICES, default=engine.device)
     parser.add_argument('--heartbeat-timeout', type=float, default=3.0)
     parser.add_argument('--start-timeout', type=float, default=300.0)
     parser.add_argument(
