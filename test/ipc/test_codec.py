@@ -5,6 +5,8 @@ from __future__ import annotations
 import msgpack
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from vla_sched.ipc import codec
 from vla_sched.ipc import messages as m
@@ -148,3 +150,279 @@ def test_encoding_refuses_foreign_objects_and_disallowed_dtypes():
         codec.encode({'robot_id': 'a'})
     with pytest.raises(codec.CodecError, match='dtype complex64'):
         codec.encode(_request(state=np.zeros(2, np.complex64)))
+
+
+def _stats(**overrides) -> m.EngineStats:
+    fields = dict(
+        sent_ns=5, num_waiting=1, num_running=2, chunked_rid='', num_retracts_total=0,
+        num_retracts_window=0, num_delayed_prefills=0, kv_use_percent=1.0, cache_hit_rate=0.5,
+        arrival_to_finish_ms_p50=1.0, arrival_to_finish_ms_p99=2.0, itl_ms_p50=1.0,
+        itl_ms_p99=2.0, aborts_by_reason={'queue_full': 2}, robots={'a': m.RobotStats()},
+    )  # fmt: skip
+    fields.update(overrides)
+    return m.EngineStats(**fields)
+
+
+def _refused(frames, match: str) -> None:
+    with pytest.raises(codec.CodecError, match=match):
+        codec.decode(frames)
+
+
+def _refused_header(header, match: str, frames=None) -> None:
+    frames = codec.encode(_request()) if frames is None else frames
+    _refused(_with_header(frames, header), match)
+
+
+def _request_header() -> dict:
+    return _header(codec.encode(_request()))
+
+
+def _with_array(name: str, spec: list, frames=None) -> tuple[dict, list]:
+    frames = codec.encode(_request()) if frames is None else frames
+    header = _header(frames)
+    header['arrays'][name] = spec
+    return header, frames
+
+
+@pytest.mark.parametrize('header', [[1, 2], 7, 'StepRequest', None, b'raw'])
+def test_header_that_is_not_a_map_is_refused(header):
+    frames = codec.encode(_request())
+    _refused([msgpack.packb(header), *frames[1:]], 'not a map')
+
+
+def test_truncated_header_and_trailing_bytes_are_unreadable():
+    frames = codec.encode(_request())
+    _refused([bytes(frames[0])[:-3], *frames[1:]], 'unreadable header')
+    _refused([bytes(frames[0]) + b'\x00', *frames[1:]], 'unreadable header')
+
+
+def test_header_with_a_missing_or_extra_key_is_refused():
+    header = _request_header()
+    _refused_header({k: v for k, v in header.items() if k != 'fields'}, 'header keys')
+    _refused_header({**header, 'extra': 1}, 'header keys')
+
+
+@pytest.mark.parametrize('version', [2, 0, True, 1.0, '1', None])
+def test_header_of_another_version_is_refused(version):
+    _refused_header({**_request_header(), 'v': version}, 'unsupported header')
+
+
+@pytest.mark.parametrize('name', [None, 7, ['StepRequest'], {'a': 1}, 'RobotStats'])
+def test_message_type_that_is_not_a_message_name_is_refused(name):
+    _refused_header({**_request_header(), 'type': name}, 'unknown message type')
+
+
+@pytest.mark.parametrize('key', ['fields', 'arrays'])
+def test_fields_or_arrays_that_are_not_maps_are_refused(key):
+    _refused_header({**_request_header(), key: [1]}, 'malformed header')
+
+
+def test_missing_scalar_field_is_refused_and_a_defaulted_one_may_be_omitted():
+    header = _request_header()
+    del header['fields']['robot_id']
+    _refused_header(header, r"missing fields \['robot_id'\]")
+    header = _request_header()
+    del header['fields']['priority']
+    assert codec.decode(_with_header(codec.encode(_request()), header)).priority == 0
+
+
+def test_missing_array_field_is_refused():
+    frames = codec.encode(_request())
+    header = _header(frames)
+    del header['arrays']['state']
+    _refused([msgpack.packb(header), frames[1]], r"missing fields \['state'\]")
+
+
+def test_unknown_array_and_non_string_field_name_are_refused():
+    header, frames = _with_array('evil', ['uint8', [0], 2])
+    _refused_header(header, r"unknown fields \['evil'\]", [*frames, b''])
+    header = _request_header()
+    header['fields'][b'robot_id'] = 'x'
+    _refused_header(header, 'unknown fields')
+
+
+def test_scalar_where_an_array_is_declared_is_refused():
+    frames = codec.encode(_request())
+    header = _header(frames)
+    del header['arrays']['state']
+    header['fields']['state'] = 5
+    _refused([msgpack.packb(header), frames[1]], r'StepRequest\.state: an array field sent as')
+
+
+def test_array_where_a_scalar_is_declared_is_refused():
+    header, frames = _with_array('robot_id', ['uint8', [3], 2])
+    del header['fields']['robot_id']
+    _refused_header(header, r'StepRequest\.robot_id: a scalar field sent as', [*frames, b'arm'])
+
+
+def test_field_sent_both_as_scalar_and_as_array_is_refused():
+    header = _request_header()
+    header['fields']['image'] = 0
+    _refused_header(header, r'StepRequest\.image: an array field sent as a scalar')
+
+
+@pytest.mark.parametrize(
+    ('field', 'value'),
+    [('step_seq', True), ('step_seq', 1.5), ('robot_id', 3), ('instruction', None)],
+)
+def test_scalar_of_the_wrong_type_is_refused(field, value):
+    header = _request_header()
+    header['fields'][field] = value
+    _refused_header(header, rf'StepRequest\.{field}: expected')
+
+
+@pytest.mark.parametrize(
+    ('field', 'value', 'match'),
+    [
+        ('kv_use_percent', True, r'kv_use_percent: expected float'),
+        ('aborts_by_reason', [1], r'aborts_by_reason: expected a map'),
+        ('aborts_by_reason', {'x': 'one'}, r"aborts_by_reason\['x'\]: expected int"),
+        ('robots', {'a': 3}, r"robots\['a'\]: expected a RobotStats map"),
+        ('robots', {'a': {'evil': 1}}, r"RobotStats: unknown fields \['evil'\]"),
+        ('robots', {'a': {'itl_ms_p99': 'slow'}}, r'itl_ms_p99: expected float'),
+        ('robots', {b'a': {}}, r'robots key: expected str'),
+    ],
+)
+def test_engine_stats_with_malformed_nested_fields_is_refused(field, value, match):
+    frames = codec.encode(_stats())
+    header = _header(frames)
+    header['fields'][field] = value
+    _refused(_with_header(frames, header), match)
+
+
+@pytest.mark.parametrize('reason', [['superseded'], 3, None, 'SUPERSEDED'])
+def test_failure_reason_that_is_not_a_reason_value_is_refused(reason):
+    frames = codec.encode(m.StepFailure('a', 1, 2, m.FailureReason.SUPERSEDED, ''))
+    header = _header(frames)
+    header['fields']['reason'] = reason
+    _refused(_with_header(frames, header), r'StepFailure\.reason: .* is not a FailureReason')
+
+
+@pytest.mark.parametrize('spec', [None, 'uint8', ['uint8', [3]], ['uint8', [3], 1, 0], {}])
+def test_malformed_array_descriptor_is_refused(spec):
+    _refused_header(_with_array('state', spec)[0], 'array state: malformed descriptor')
+
+
+@pytest.mark.parametrize('dtype', ['object', 'float16', 'complex64', '<f4', ['float32'], 4])
+def test_array_dtype_outside_the_allow_list_or_not_a_name_is_refused(dtype):
+    _refused_header(_with_array('state', [dtype, [3], 1])[0], 'array state: dtype')
+
+
+@pytest.mark.parametrize(
+    'shape', [3, '3', {'a': 3}, None, [-1], [1.0, 3], [True, 3], [None], [1] * 33]
+)
+def test_array_shape_that_is_not_a_list_of_counts_is_refused(shape):
+    _refused_header(_with_array('state', ['float32', shape, 1])[0], 'array state: bad shape')
+
+
+@pytest.mark.parametrize(
+    'shape',
+    [
+        [2**32, 2**32],  # 2**64 elements: wraps to 0 in int64 arithmetic
+        [2**64 - 1],  # the largest msgpack integer
+        [2**61],  # 2**61 elements fit int64, their 2**63 bytes do not
+        [0, 2**62],  # no elements, yet numpy cannot describe it
+    ],
+)
+def test_array_shape_whose_size_overflows_int64_is_refused(shape, monkeypatch):
+    monkeypatch.setattr(codec, '_build_array', _no_allocation)
+    frames = codec.encode(_request())
+    header, frames = _with_array('state', ['float32', shape, 1], [frames[0], frames[1], b''])
+    _refused_header(header, r'array state: shape .* is too large', frames)
+
+
+def _no_allocation(spec):
+    raise AssertionError(f'array {spec.name} built before every check passed')
+
+
+def test_buffer_longer_than_its_shape_is_refused():
+    frames = codec.encode(_request())
+    _refused([*frames[:2], bytes(frames[2]) + b'\x00'], r'array state: 13 bytes .*\(12 bytes\)')
+
+
+def test_zero_size_array_round_trips():
+    got = _roundtrip(_request(state=np.zeros((0,), np.float32)))
+    assert got.state.shape == (0,) and got.state.dtype == np.float32
+
+
+def test_extra_buffer_frame_is_refused():
+    _refused([*codec.encode(_request()), b''], '3 buffers for 2 arrays')
+
+
+@pytest.mark.parametrize('index', [2, -1, True, 1.0, None])
+def test_buffer_index_that_names_no_frame_is_refused(index):
+    _refused_header(_with_array('state', ['float32', [3], index])[0], 'array state: buffer')
+
+
+def test_two_arrays_sharing_one_buffer_are_refused():
+    frames = codec.encode(_request(state=np.zeros(15, np.float32)))
+    header = _header(frames)
+    header['arrays']['state'] = ['uint8', [60], 0]
+    _refused(_with_header(frames, header), 'arrays share a buffer')
+
+
+def test_frame_that_is_not_a_contiguous_byte_buffer_is_refused():
+    frames = codec.encode(_request())
+    _refused(['a str header', *frames[1:]], 'not a contiguous byte buffer')
+    _refused([frames[0], 60, frames[2]], 'not a contiguous byte buffer')
+    strided = memoryview(np.zeros(120, np.uint8))[::2]
+    _refused([frames[0], strided, frames[2]], 'not a contiguous byte buffer')
+
+
+def test_no_array_is_built_when_a_later_array_is_malformed(monkeypatch):
+    monkeypatch.setattr(codec, '_build_array', _no_allocation)
+    frames = codec.encode(_request())
+    _refused([*frames[:2], bytes(frames[2])[:-1]], 'array state: 11 bytes')
+
+
+def _decodes_or_refuses(frames) -> None:
+    try:
+        got = codec.decode(frames)
+    except codec.CodecError:
+        return
+    assert type(got) in codec.MESSAGE_TYPES.values()
+
+
+_FRAMES = [bytes(f) for f in codec.encode(_request())]
+
+
+@settings(max_examples=300, deadline=None, database=None)
+@given(data=st.data())
+def test_random_byte_mutations_either_decode_or_raise_codec_error(data):
+    frames = list(_FRAMES)
+    for _ in range(data.draw(st.integers(1, 4))):
+        i = data.draw(st.integers(0, len(frames) - 1))
+        frame = bytearray(frames[i])
+        action = data.draw(st.sampled_from(['flip', 'cut', 'grow']))
+        if action == 'flip' and frame:
+            frame[data.draw(st.integers(0, len(frame) - 1))] = data.draw(st.integers(0, 255))
+        elif action == 'cut':
+            del frame[data.draw(st.integers(0, len(frame))) :]
+        else:
+            frame += data.draw(st.binary(max_size=8))
+        frames[i] = bytes(frame)
+    _decodes_or_refuses(frames)
+
+
+_MSGPACK_VALUES = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**64 - 1)
+    | st.floats()
+    | st.text(max_size=8)
+    | st.binary(max_size=8),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=300, deadline=None, database=None)
+@given(
+    section=st.sampled_from(['fields', 'arrays']),
+    name=st.sampled_from(['robot_id', 'step_seq', 'image', 'state', 'priority', 'evil']),
+    value=_MSGPACK_VALUES,
+)
+def test_random_header_values_either_decode_or_raise_codec_error(section, name, value):
+    header = msgpack.unpackb(_FRAMES[0])
+    header[section][name] = value
+    _decodes_or_refuses([msgpack.packb(header), *_FRAMES[1:]])

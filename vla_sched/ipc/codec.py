@@ -36,7 +36,6 @@ MESSAGE_TYPES: dict[str, type] = {
     )
 }
 _NESTED = {'robots': m.RobotStats}  # EngineStats.robots: dict[str, RobotStats]
-_ENUMS = {'reason': m.FailureReason}
 
 
 class CodecError(ValueError):
@@ -69,73 +68,211 @@ def encode(msg: Any) -> list[bytes | memoryview]:
     return [header, *buffers]
 
 
-def _array(name: str, spec: Any, frames: Sequence[bytes | memoryview]) -> np.ndarray:
-    if not (isinstance(spec, list) and len(spec) == 3):
-        raise CodecError(f'array {name}: malformed descriptor {spec!r}')
-    dtype, shape, index = spec
-    if dtype not in ALLOWED_DTYPES:
-        raise CodecError(f'array {name}: dtype {dtype!r} is not allowed')
-    if not (isinstance(shape, list) and all(isinstance(d, int) and d >= 0 for d in shape)):
-        raise CodecError(f'array {name}: bad shape {shape!r}')
-    if not (isinstance(index, int) and 0 <= index < len(frames)):
-        raise CodecError(f'array {name}: buffer {index!r} is missing')
-    buf = memoryview(frames[index])
-    want = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-    if buf.nbytes != want:
-        raise CodecError(f'array {name}: {buf.nbytes} bytes for {dtype} {shape} ({want} bytes)')
-    # A copy: the message must not alias a ZMQ buffer that will be reused.
-    return np.frombuffer(buf, dtype=dtype).reshape(shape).copy()
+INT64_MAX = 2**63 - 1
+MAX_NDIM = 32  # numpy's smallest limit across versions
+_HEADER_KEYS = frozenset({'type', 'v', 'fields', 'arrays'})
+_SCALARS = (str, int, float, bool)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _ArraySpec:
+    """A checked array descriptor: its buffer's length already matches dtype and shape."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    index: int
+    buffer: memoryview
+
+
+def _frame(frame: Any) -> memoryview:
+    """``frame`` as a flat byte view (no copy); CodecError if it is not a contiguous buffer."""
+    try:
+        return memoryview(frame).cast('B')
+    except (TypeError, ValueError) as exc:
+        raise CodecError(f'frame is not a contiguous byte buffer: {exc}') from exc
+
+
+def _read_header(frame: memoryview) -> dict:
+    """The header map, with exactly the keys ``type``, ``v``, ``fields`` and ``arrays``."""
+    try:
+        header = msgpack.unpackb(frame, raw=False, strict_map_key=True)
+    except (ValueError, TypeError, OverflowError, msgpack.UnpackException) as exc:
+        raise CodecError(f'unreadable header: {exc}') from exc
+    if not isinstance(header, dict):
+        raise CodecError(f'header is a {type(header).__name__}, not a map')
+    if set(header) != _HEADER_KEYS:
+        raise CodecError(f'header keys {sorted(header, key=repr)} are not {sorted(_HEADER_KEYS)}')
+    version = header['v']
+    if type(version) is not int or version != VERSION:
+        raise CodecError(f'unsupported header (version {version!r})')
+    return header
+
+
+def _message_class(name: Any) -> type:
+    cls = MESSAGE_TYPES.get(name) if isinstance(name, str) else None
+    if cls is None:
+        raise CodecError(f'unknown message type {name!r}')
+    return cls
 
 
 @functools.cache
-def _scalar_types(cls: type) -> dict[str, type]:
-    """The fields of ``cls`` typed as a plain str, int, float or bool."""
-    hints = typing.get_type_hints(cls)
-    return {name: hint for name, hint in hints.items() if hint in (str, int, float, bool)}
+def _hints(cls: type) -> dict[str, Any]:
+    """The declared type of every field of ``cls``."""
+    return typing.get_type_hints(cls)
 
 
-def _check_scalars(cls: type, fields: dict[str, Any]) -> None:
-    for name, hint in _scalar_types(cls).items():
-        if name not in fields:
-            continue
-        value = fields[name]
+@functools.cache
+def _required(cls: type) -> frozenset[str]:
+    """The fields of ``cls`` that have no default."""
+    no_default = dataclasses.MISSING
+    return frozenset(
+        f.name
+        for f in dataclasses.fields(cls)
+        if f.default is no_default and f.default_factory is no_default
+    )
+
+
+def _check_names(cls: type, fields: dict, arrays: dict) -> None:
+    """No unknown field, every array field in ``arrays``, every other one in ``fields``."""
+    where = cls.__name__
+    hints = _hints(cls)
+    unknown = (set(fields) | set(arrays)) - set(hints)
+    if unknown:
+        raise CodecError(f'{where}: unknown fields {sorted(unknown, key=repr)}')
+    for name in fields:
+        if hints[name] is np.ndarray:
+            raise CodecError(f'{where}.{name}: an array field sent as a scalar')
+    for name in arrays:
+        if hints[name] is not np.ndarray:
+            raise CodecError(f'{where}.{name}: a scalar field sent as an array')
+    missing = _required(cls) - set(fields) - set(arrays)
+    if missing:
+        raise CodecError(f'{where}: missing fields {sorted(missing)}')
+
+
+def _type_name(hint: Any) -> str:
+    return getattr(hint, '__name__', None) or repr(hint)
+
+
+def _value(where: str, hint: Any, value: Any) -> Any:
+    """``value`` checked against the declared ``hint``, and converted to it (enum, nested)."""
+    if hint in _SCALARS:
         ok = isinstance(value, hint) or (hint is float and isinstance(value, int))
-        if not ok or (hint is int and isinstance(value, bool)):
-            raise CodecError(f'{cls.__name__}.{name}: expected {hint.__name__}, got {value!r}')
+        if not ok or (hint in (int, float) and isinstance(value, bool)):
+            raise CodecError(f'{where}: expected {hint.__name__}, got {value!r}')
+        return value
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+        allowed = {e.value: e for e in hint}
+        if not isinstance(value, str) or value not in allowed:
+            raise CodecError(f'{where}: {value!r} is not a {hint.__name__}')
+        return allowed[value]
+    if typing.get_origin(hint) is dict:
+        key_hint, item_hint = typing.get_args(hint)
+        if not isinstance(value, dict):
+            raise CodecError(f'{where}: expected a map, got {value!r}')
+        return {
+            _value(f'{where} key', key_hint, k): _value(f'{where}[{k!r}]', item_hint, v)
+            for k, v in value.items()
+        }
+    if dataclasses.is_dataclass(hint):
+        if not isinstance(value, dict):
+            raise CodecError(f'{where}: expected a {hint.__name__} map, got {value!r}')
+        _check_names(hint, value, {})
+        return hint(**_fields(hint, value, where))
+    raise CodecError(f'{where}: cannot decode a field of type {_type_name(hint)}')
+
+
+def _fields(cls: type, fields: dict, where: str) -> dict[str, Any]:
+    """The non-array fields of ``cls``, each checked against its declared type."""
+    hints = _hints(cls)
+    return {name: _value(f'{where}.{name}', hints[name], v) for name, v in fields.items()}
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _array_spec(name: str, spec: Any, buffers: Sequence[memoryview]) -> _ArraySpec:
+    """One array descriptor ``[dtype, shape, buffer index]``, checked against its buffer.
+
+    Sizes are computed with Python ints, so a declared shape too large for int64 is refused
+    rather than wrapped; nothing is allocated here.
+    """
+    if not (isinstance(spec, list) and len(spec) == 3):
+        raise CodecError(f'array {name}: malformed descriptor {spec!r}')
+    dtype, shape, index = spec
+    if not (isinstance(dtype, str) and dtype in ALLOWED_DTYPES):
+        raise CodecError(f'array {name}: dtype {dtype!r} is not allowed')
+    if not (isinstance(shape, list) and len(shape) <= MAX_NDIM and all(map(_is_count, shape))):
+        raise CodecError(f'array {name}: bad shape {shape!r}')
+    if not (_is_count(index) and index < len(buffers)):
+        raise CodecError(f'array {name}: buffer {index!r} is missing')
+    itemsize = np.dtype(dtype).itemsize
+    # numpy refuses a shape whose non-zero dims overflow, even when another dim is zero.
+    extent = itemsize
+    for dim in shape:
+        extent *= max(dim, 1)
+        if extent > INT64_MAX:
+            raise CodecError(f'array {name}: shape {shape} is too large')
+    want = itemsize * _product(shape)
+    buf = buffers[index]
+    if buf.nbytes != want:
+        raise CodecError(f'array {name}: {buf.nbytes} bytes for {dtype} {shape} ({want} bytes)')
+    return _ArraySpec(name, dtype, tuple(shape), index, buf)
+
+
+def _product(dims: list[int]) -> int:
+    out = 1
+    for dim in dims:
+        out *= dim
+    return out
+
+
+def _array_specs(cls: type, arrays: dict, buffers: Sequence[memoryview]) -> list[_ArraySpec]:
+    """Every array descriptor checked, each buffer frame used by exactly one array."""
+    if len(buffers) != len(arrays):
+        raise CodecError(f'{cls.__name__}: {len(buffers)} buffers for {len(arrays)} arrays')
+    specs = [_array_spec(name, spec, buffers) for name, spec in arrays.items()]
+    indices = [spec.index for spec in specs]
+    if len(set(indices)) != len(indices):
+        raise CodecError(f'{cls.__name__}: arrays share a buffer ({indices})')
+    return specs
+
+
+def _build_array(spec: _ArraySpec) -> np.ndarray:
+    # A copy: the message must not alias a ZMQ buffer that will be reused.
+    return np.frombuffer(spec.buffer, dtype=spec.dtype).reshape(spec.shape).copy()
 
 
 def decode(frames: Sequence[bytes | memoryview]) -> Any:
-    """The message encoded in ``frames``; raises CodecError on anything malformed."""
+    """The message encoded in ``frames``; raises CodecError on anything malformed.
+
+    Checked in this order: at least one frame, each a contiguous byte buffer; the header is
+    msgpack, a map with exactly ``type``, ``v``, ``fields`` and ``arrays``, of version
+    ``VERSION``; ``type`` names a message; ``fields`` and ``arrays`` are maps naming only
+    fields of that message, every array field in ``arrays`` and every other in ``fields``,
+    none required missing; every field value has its declared type (enums and nested stats
+    included); there is one buffer frame per array, and each array descriptor has an allowed
+    dtype, a list shape of at most ``MAX_NDIM`` non-negative ints whose size fits int64, a
+    buffer index used by no other array, and a buffer of exactly the declared byte length.
+
+    Nothing whose size the input declares is allocated until every check has passed; then
+    each array is a copy of its received buffer. No other exception type escapes.
+    """
     if not frames:
         raise CodecError('empty message')
-    try:
-        header = msgpack.unpackb(bytes(frames[0]), raw=False, strict_map_key=True)
-    except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as exc:
-        raise CodecError(f'unreadable header: {exc}') from exc
-    if not isinstance(header, dict) or header.get('v') != VERSION:
-        raise CodecError(f'unsupported header (version {getattr(header, "get", dict)("v")!r})')
-    cls = MESSAGE_TYPES.get(header.get('type'))
-    if cls is None:
-        raise CodecError(f'unknown message type {header.get("type")!r}')
-    fields, arrays = header.get('fields'), header.get('arrays')
+    views = [_frame(f) for f in frames]
+    header = _read_header(views[0])
+    cls = _message_class(header['type'])
+    fields, arrays = header['fields'], header['arrays']
     if not isinstance(fields, dict) or not isinstance(arrays, dict):
         raise CodecError(f'{cls.__name__}: malformed header')
-    buffers = frames[1:]
-    if len(buffers) != len(arrays):
-        raise CodecError(f'{cls.__name__}: {len(buffers)} buffers for {len(arrays)} arrays')
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = (set(fields) | set(arrays)) - names
-    if unknown:
-        raise CodecError(f'{cls.__name__}: unknown fields {sorted(unknown)}')
-    _check_scalars(cls, fields)
-    kwargs = dict(fields)
-    for name, spec in arrays.items():
-        kwargs[name] = _array(name, spec, buffers)
+    _check_names(cls, fields, arrays)
+    kwargs = _fields(cls, fields, cls.__name__)
+    specs = _array_specs(cls, arrays, views[1:])
+    kwargs.update((spec.name, _build_array(spec)) for spec in specs)
     try:
-        if 'reason' in kwargs and cls is m.StepFailure:
-            kwargs['reason'] = _ENUMS['reason'](kwargs['reason'])
-        if 'robots' in kwargs and cls is m.EngineStats:
-            kwargs['robots'] = {k: _NESTED['robots'](**v) for k, v in kwargs['robots'].items()}
         return cls(**kwargs)
-    except (TypeError, ValueError, AttributeError) as exc:
+    except (TypeError, ValueError) as exc:  # unreachable after the checks above
         raise CodecError(f'{cls.__name__}: {exc}') from exc
