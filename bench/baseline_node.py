@@ -18,8 +18,10 @@ so the same simulated robots measure both:
 
 The prompt and the image preprocessing are the checkpoint's (``VLAPromptBuilder``,
 ``preprocess_image``), so both nodes feed the model the same tokens and pixels. Decoding is
-greedy and, as the vla_sched engine does, restricted to the action tokens (a random
-checkpoint would otherwise emit text tokens).
+greedy and, for a LLaVA-layout checkpoint, restricted to the action tokens as the vla_sched
+engine does (a random checkpoint would otherwise emit text tokens); an OpenVLA-format folder
+runs OpenVLA's ``predict_action`` (``vla_sched.model.hf_openvla``: greedy over the whole
+vocabulary, the ids clipped into the bins), and ``--unnorm-key`` picks its dataset.
 
     python bench/baseline_node.py --robots 8 --period 0.1
 """
@@ -93,19 +95,38 @@ class GeneratePolicy:
     """The checkpoint behind ``predict_action``: prompt, pixels, ``generate``, un-normalize.
 
     Args:
-        folder: checkpoint folder (LLaVA layout, as vla_sched loads it).
+        folder: checkpoint folder: LLaVA layout (``LlavaForConditionalGeneration``, action
+            tokens only) or OpenVLA's (``HFOpenVLAPolicy``: OpenVLA's ``predict_action``,
+            greedy over the whole vocabulary, ids clipped into the bins).
         device: torch device.
         dtype: weights dtype (bfloat16 on a GPU, float32 on the CPU).
+        unnorm_key: dataset of the action statistics (needed when there are several).
     """
 
-    def __init__(self, folder: Path, *, device: torch.device, dtype: torch.dtype) -> None:
-        import transformers
-
+    def __init__(
+        self,
+        folder: Path,
+        *,
+        device: torch.device,
+        dtype: torch.dtype,
+        unnorm_key: str | None = None,
+    ) -> None:
         from vla_sched.model.checkpoint_spec import read_checkpoint_spec
+        from vla_sched.model.openvla_spec import OpenVLAVisionSpec
         from vla_sched.model.prompt import VLAPromptBuilder
 
         self.device, self.dtype = device, dtype
         self.spec = read_checkpoint_spec(folder)
+        if unnorm_key:
+            self.spec = self.spec.with_unnorm_key(unnorm_key)
+        self.openvla = None
+        if isinstance(self.spec.vision, OpenVLAVisionSpec):
+            from vla_sched.model.hf_openvla import HFOpenVLAPolicy
+
+            self.openvla = HFOpenVLAPolicy(folder, device=device, dtype=dtype, spec=self.spec)
+            return
+        import transformers
+
         self.prompts = VLAPromptBuilder.from_checkpoint(folder, spec=self.spec)
         self.model = transformers.LlavaForConditionalGeneration.from_pretrained(
             folder, dtype=dtype
@@ -119,6 +140,8 @@ class GeneratePolicy:
         """The un-normalized action chunk ``[horizon, dof]`` for one image."""
         from vla_sched.model.vision import preprocess_image
 
+        if self.openvla is not None:
+            return self.openvla.predict(image, instruction).astype(np.float32)
         layout = self.prompts.build(instruction)
         input_ids = torch.tensor([layout.token_ids], device=self.device)
         pixels = preprocess_image(image, self.spec.preprocessing, device=self.device)
@@ -324,7 +347,7 @@ def run(args: argparse.Namespace) -> int:
 
     folder, _ = resolve_checkpoint(args.model_path)
     device, dtype = pick_device(args.device, cpu_threads=args.cpu_threads)
-    policy = GeneratePolicy(folder, device=device, dtype=dtype)
+    policy = GeneratePolicy(folder, device=device, dtype=dtype, unnorm_key=args.unnorm_key)
     try:
         with rclpy.init(args=['baseline_node']), BaselineNode(args) as node:
             worker = threading.Thread(
@@ -353,6 +376,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument('--budget', type=float, default=0.5, help='late after stamp + this (s)')
     parser.add_argument('--instruction', default='pick up the red block')
     parser.add_argument('--model-path', default='', help='checkpoint (default: the tiny one)')
+    parser.add_argument(
+        '--unnorm-key', default='', help='dataset of the action statistics (several in a folder)'
+    )
     parser.add_argument('--device', choices=DEVICES, default='auto')
     parser.add_argument('--cpu-threads', type=int, default=1, help='torch threads on the CPU')
     args = parser.parse_args(argv)

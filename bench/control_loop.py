@@ -81,6 +81,8 @@ class Server:
             cmd += ['--trigger', plan.trigger]
             cmd += ['--budget', str(plan.budget_s), '--device', plan.device]
             cmd += ['--model-path', plan.model_path]
+            # The same dataset as the vla_sched node (--unnorm-key sets this parameter).
+            cmd += ['--unnorm-key', str(plan.node_params.get('engine.unnorm_key', ''))]
         with self.log_path.open('w') as log:
             self.proc = subprocess.Popen(
                 cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=str(ROOT)
@@ -265,6 +267,9 @@ def parse_plan(argv: list[str] | None = None) -> tuple[LoopPlan, str]:
     parser.add_argument('--duration', type=float, default=base.duration_s, help='window s')
     parser.add_argument('--windows', type=int, default=base.num_windows)
     parser.add_argument('--model-path', default='', help='checkpoint (default: the tiny one)')
+    parser.add_argument(
+        '--unnorm-key', default='', help='dataset of the action statistics (both systems)'
+    )
     parser.add_argument('--device', choices=DEVICES, default=base.device)
     parser.add_argument('--systems', nargs='+', choices=SYSTEMS, default=list(SYSTEMS))
     parser.add_argument(
@@ -276,6 +281,9 @@ def parse_plan(argv: list[str] | None = None) -> tuple[LoopPlan, str]:
     )
     parser.add_argument('--json', default='', help='write the results here')
     args = parser.parse_args(argv)
+    node_params = dict(_setting(s) for s in args.node_param)
+    if args.unnorm_key:
+        node_params.setdefault('engine.unnorm_key', args.unnorm_key)
     plan = LoopPlan(
         robot_counts=tuple(args.robots),
         period_s=args.period,
@@ -287,7 +295,7 @@ def parse_plan(argv: list[str] | None = None) -> tuple[LoopPlan, str]:
         num_windows=args.windows,
         model_path=args.model_path,
         device=args.device,
-        node_params=dict(_setting(s) for s in args.node_param),
+        node_params=node_params,
         systems=tuple(args.systems),
     )
     return plan, args.json

@@ -1,13 +1,18 @@
-"""One control step of an OpenVLA-7B-shaped VLA: our paged runner against transformers.
+"""One control step of openvla-7b: our paged runner against transformers.
 
-The model is the ``openvla-7b`` preset (Llama-2-7B decoder, SigLIP-so400m tower at 224 px,
-256 image tokens) with random bf16 weights, built once by transformers on the GPU and shared,
-tensor for tensor, with our runner. A control step is one observation's prefill (BOS, 256
-image tokens and a short instruction: 280 tokens) and 7 action tokens (the prefill samples
-the first, 6 decode steps the rest). It is timed for 1 robot and for 16 robots at once:
+The model is the ``openvla-7b`` preset, OpenVLA's real architecture (fused DINOv2 + SigLIP
+towers at 224 px, 3-layer projector, Llama-2-7B decoder, 256 image tokens after BOS), with
+random bf16 weights drawn once on the GPU under OpenVLA's tensor names; our model and
+transformers' ``LlamaForCausalLM`` share the decoder tensors. A control step is one
+observation's prefill (BOS, 256 image tokens and a short instruction: 280 tokens) and 7
+action tokens, greedy over the whole vocabulary as OpenVLA's ``predict_action`` (the prefill
+samples the first, 6 decode steps the rest). It is timed for 1 robot and for 16 robots at once:
 
 - our runner, eager, and with decode steps replayed from CUDA graphs;
-- transformers ``generate`` on the same inputs (greedy, KV cache, SDPA): its prefill is
+- transformers ``generate`` on the same inputs (greedy, KV cache, SDPA) as OpenVLA's
+  ``predict_action`` calls it: ``inputs_embeds`` with the image embeddings after BOS. The
+  image embeddings come from our vision encoder (OpenVLA's towers are timm models and
+  transformers has no OpenVLA class), inside the timed region. Its prefill is
   ``generate(max_new_tokens=1)``, its decode step the extra time per token up to 7;
 - the memory floor of a decode step: the decoder's weight bytes (all but the embedding
   table, which is only gathered) over the measured device-to-device copy bandwidth.
@@ -19,7 +24,7 @@ Usage, from the repository root::
 
     python bench/gpu_model.py                 # the GPU run (about 3-5 minutes)
     python bench/gpu_model.py --out m.md      # also write the Markdown table to m.md
-    python bench/gpu_model.py --dry-run       # the tiny preset on the CPU: checks the script
+    python bench/gpu_model.py --dry-run       # a tiny OpenVLA on the CPU: checks the script
 """
 
 from __future__ import annotations
@@ -59,27 +64,29 @@ class Plan:
 
 def make_plan(dry_run: bool) -> Plan:
     if dry_run:
-        return Plan('tiny', torch.device('cpu'), torch.float32, (1, 2), 8, 7, 2, False)
+        return Plan('openvla-tiny', torch.device('cpu'), torch.float32, (1, 2), 8, 7, 2, False)
     if not torch.cuda.is_available():
         raise SystemExit('no CUDA device: run with --dry-run on a CPU')
     return Plan('openvla-7b', torch.device('cuda'), torch.bfloat16, (1, 16), 23, 7, 10, True)
 
 
 def build_models(plan: Plan):
-    """transformers' LLaVA with random weights, and our model sharing its tensors."""
-    from transformers import LlavaConfig, LlavaForConditionalGeneration
+    """Our model with random weights under OpenVLA's names, and transformers'
+    ``LlamaForCausalLM`` sharing its decoder tensors."""
+    from transformers import LlamaConfig, LlamaForCausalLM
 
-    from vla_sched.model.presets import openvla_7b_config, preset_spec, tiny_llava_config
+    from vla_sched.model.checkpoint_spec import spec_from_dicts
+    from vla_sched.model.openvla_writer import openvla_state_dict
+    from vla_sched.model.presets import openvla_config, openvla_norm_stats
     from vla_sched.model.vla_model import assemble_model
+    from vla_sched.model.weights import canonical_name
 
-    config = openvla_7b_config() if plan.preset == 'openvla-7b' else tiny_llava_config()
-    fields = {k: v for k, v in config.items() if k not in ('architectures', 'model_type')}
-    torch.manual_seed(0)
-    with torch.device(plan.device):
-        hf = LlavaForConditionalGeneration._from_config(LlavaConfig(**fields), dtype=plan.dtype)
-    hf.eval()
-    spec = preset_spec(plan.preset)
-    state = hf.state_dict()
+    config = openvla_config(
+        'fused', tiny=plan.preset != 'openvla-7b', norm_stats=openvla_norm_stats()
+    )
+    spec = spec_from_dicts(config, {}, config['norm_stats'])
+    stored = openvla_state_dict(config, device=plan.device, dtype=plan.dtype)
+    state = {canonical_name(name): tensor for name, tensor in stored.items()}
     ours = assemble_model(
         spec,
         list(state),
@@ -88,8 +95,15 @@ def build_models(plan: Plan):
         device=plan.device,
         dtype=plan.dtype,
     )
+    with torch.device(plan.device):
+        text = LlamaConfig(**config['text_config'])
+        hf = LlamaForCausalLM._from_config(text, dtype=plan.dtype)
+    prefix = 'language_model.'
+    llm = {k.removeprefix(prefix): v for k, v in stored.items() if k.startswith(prefix)}
+    hf.load_state_dict(llm, strict=True, assign=True)  # share our tensors
+    hf.eval()
     shared = ours.decoder.layers[0].mlp.up_proj.weight.data_ptr()
-    assert shared == state['model.language_model.layers.0.mlp.up_proj.weight'].data_ptr()
+    assert shared == hf.model.layers[0].mlp.up_proj.weight.data_ptr()
     return hf, ours
 
 
@@ -114,7 +128,7 @@ def run_ours(runner, spec, plan: Plan, batch_size: int, seed: int):
         (ImageInput(seed * 1000 + r, offset, spec.num_image_tokens, img),)
         for r, img in enumerate(frames(spec, batch_size, seed))
     )
-    sampling = SamplingParams(*spec.action_token_range)
+    sampling = SamplingParams(0, spec.decoder.vocab_size)  # greedy over the whole vocabulary
     table = runner.req_to_token
     batch = step_batch(
         mode=ForwardMode.EXTEND, prompts=prompts, prefix_lens=[0] * batch_size,
@@ -139,13 +153,13 @@ def run_ours(runner, spec, plan: Plan, batch_size: int, seed: int):
     return prefill, steps, [list(col) for col in zip(*generated, strict=True)]
 
 
-def run_hf(hf, spec, plan: Plan, batch_size: int, seed: int, new_tokens: int):
-    """transformers generate: (seconds, generated token lists)."""
+def run_hf(hf, ours, plan: Plan, batch_size: int, seed: int, new_tokens: int):
+    """transformers generate as OpenVLA calls it: (seconds, generated token lists)."""
     from vla_sched.model.vision import preprocess_image
 
+    spec = ours.spec
     ids = torch.tensor([prompt_ids(spec, plan.num_text_tokens, seed)] * batch_size)
-    start, end = spec.action_token_range
-    outside = [t for t in range(spec.decoder.vocab_size) if not start <= t < end]
+    image = slice(1, 1 + spec.num_image_tokens)  # right after BOS
     _sync(plan)
     started = time.perf_counter()
     ids = ids.to(plan.device)
@@ -153,12 +167,14 @@ def run_hf(hf, spec, plan: Plan, batch_size: int, seed: int, new_tokens: int):
         [preprocess_image(f, spec.preprocessing, device=plan.device)
          for f in frames(spec, batch_size, seed)]
     ).to(plan.dtype)  # fmt: skip
+    embeds = hf.get_input_embeddings()(ids)
+    embeds[:, image] = ours.encode_images(pixels)
     out = hf.generate(
-        input_ids=ids, attention_mask=torch.ones_like(ids), pixel_values=pixels,
+        inputs_embeds=embeds, attention_mask=torch.ones_like(ids),
         max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
-        suppress_tokens=outside, pad_token_id=0,
+        pad_token_id=spec.image_token_id,
     )  # fmt: skip
-    tokens = out[:, ids.shape[1] :].tolist()
+    tokens = out[:, -new_tokens:].tolist()  # with inputs_embeds only new tokens come back
     return time.perf_counter() - started, tokens
 
 
@@ -200,8 +216,9 @@ def ms(seconds: float) -> str:
     return f'{seconds * 1e3:.2f}'
 
 
-def bench_batch(plan, spec, hf, runners, batch_size: int) -> tuple[list[str], float]:
+def bench_batch(plan, ours, hf, runners, batch_size: int) -> tuple[list[str], float]:
     """Table rows for one batch size, and the greedy-token agreement with transformers."""
+    spec = ours.spec
     rows, agreement = [], []
     reps = plan.reps if batch_size == 1 else max(2, plan.reps // 2)
     hf_tokens = {}
@@ -213,11 +230,11 @@ def bench_batch(plan, spec, hf, runners, batch_size: int) -> tuple[list[str], fl
         rows.append(f'| {batch_size} | {name} | {ms(prefill)} | {ms(step)} | {ms(total)} |')
         for rep, result in enumerate(results):
             if rep not in hf_tokens:
-                hf_tokens[rep] = run_hf(hf, spec, plan, batch_size, rep, plan.num_action_tokens)[1]
+                hf_tokens[rep] = run_hf(hf, ours, plan, batch_size, rep, plan.num_action_tokens)[1]
             agreement.append(np.mean(np.array(result[2]) == np.array(hf_tokens[rep])))
-    one = repeat(reps, lambda rep: run_hf(hf, spec, plan, batch_size, rep, 1))
+    one = repeat(reps, lambda rep: run_hf(hf, ours, plan, batch_size, rep, 1))
     full = repeat(
-        reps, lambda rep: run_hf(hf, spec, plan, batch_size, rep, plan.num_action_tokens)
+        reps, lambda rep: run_hf(hf, ours, plan, batch_size, rep, plan.num_action_tokens)
     )
     prefill = statistics.median(r[0] for r in one)
     total = statistics.median(r[0] for r in full)
@@ -266,7 +283,7 @@ def main() -> None:
     print('\n'.join(lines), flush=True)
     with torch.inference_mode():
         for batch_size in plan.batch_sizes:
-            rows, agreement = bench_batch(plan, spec, hf, runners, batch_size)
+            rows, agreement = bench_batch(plan, ours, hf, runners, batch_size)
             rows.append(f'| {batch_size} | memory floor | | {ms(floor)} | |')
             print('\n'.join(rows), flush=True)
             lines.extend(rows)

@@ -1,14 +1,15 @@
-"""Serving on a GPU: the control loop, the ITL jump and the scheduler's cost with an
-OpenVLA-7B-shaped model in bf16, against the physical floor.
+"""Serving on a GPU: the control loop, the ITL jump and the scheduler's cost with
+openvla-7b's real architecture in bf16, against the physical floor.
 
 One prepared run (under 8 minutes on an H200):
 
 0. the floor: device-to-device copy bandwidth and the bf16 matmul rate are measured; a
    decode step's floor is the decoder's weight bytes (all but the gathered embedding) over
-   the bandwidth, a prefill's is its FLOPs (decoder over the prompt, vision tower over the
-   patches) over the matmul rate (or its weight bytes over the bandwidth, if longer); one
-   robot's step floor is a prefill plus ``H*D - 1`` decode steps;
-1. an OpenVLA-7B-shaped checkpoint with random bf16 weights is written to disk
+   the bandwidth, a prefill's is its FLOPs (decoder over the prompt, both towers and the
+   projector over the patches) over the matmul rate (or its weight bytes over the
+   bandwidth, if longer); one robot's step floor is a prefill plus ``H*D - 1`` decode
+   steps;
+1. an openvla-7b checkpoint in OpenVLA's format with random bf16 weights is written to disk
    (``bench/openvla_checkpoint.py``), since both serving nodes load folders;
 2. one robot's step on the engine core, back to back, against the floor (target: within
    1.5x);
@@ -133,8 +134,9 @@ def _median_time(device: torch.device, fn, reps: int = 10) -> float:
 
 def measure_floor(folder: Path, device: torch.device, dtype: torch.dtype) -> Floor:
     """Copy bandwidth and matmul rate on ``device``, and the floor of one robot's step."""
-    from vla_sched.model.checkpoint_spec import read_checkpoint_spec
-    from vla_sched.model.weights import decoder_shapes, projector_shapes, siglip_tower_shapes
+    from vla_sched.model.checkpoint_spec import CONFIG_FILE, read_checkpoint_spec, read_json
+    from vla_sched.model.openvla_writer import openvla_tensor_shapes
+    from vla_sched.model.weights import decoder_shapes
 
     num_bytes = (1 << 30) if device.type == 'cuda' else (64 << 20)
     src = torch.empty(num_bytes, dtype=torch.uint8, device=device)
@@ -148,8 +150,11 @@ def measure_floor(folder: Path, device: torch.device, dtype: torch.dtype) -> Flo
     element = torch.finfo(dtype).bits // 8
     shapes = decoder_shapes(spec.decoder)
     decoder_params = sum(math.prod(s) for k, s in shapes.items() if 'embed_tokens' not in k)
-    vision_params = sum(math.prod(s) for s in siglip_tower_shapes(spec.vision).values())
-    vision_params += sum(math.prod(s) for s in projector_shapes(spec.vision).values())
+    vision_params = sum(
+        math.prod(s)
+        for k, s in openvla_tensor_shapes(read_json(folder / CONFIG_FILE)).items()
+        if k.startswith(('vision_backbone.', 'projector.')) and '.attn_pool.' not in k
+    )  # both towers (their unused pooling head left out) and the projector
     num_prompt = 1 + spec.num_image_tokens + 23  # BOS, image, OpenVLA's instruction prompt
     prefill_flops = 2 * decoder_params * num_prompt + 2 * vision_params * spec.num_image_tokens
     weight_s = (decoder_params + vision_params) * element / copy_bps

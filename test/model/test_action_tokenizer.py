@@ -119,6 +119,37 @@ def test_chunk_decoder_round_trips_actions_within_a_bin():
     assert np.all(np.abs(back - actions) <= span * HALF_BIN + 1e-9)
 
 
+def _openvla_predict_action_values(token_ids: np.ndarray) -> np.ndarray:
+    """OpenVLA's predict_action, written out: vocab_size = 32064 - 64, then
+    clip(vocab_size - id - 1, 0, 254) indexes the 255 centres of 256 edges on [-1, 1]."""
+    edges = np.linspace(-1, 1, 256)
+    centers = (edges[:-1] + edges[1:]) / 2.0
+    vocab_size = 32064 - 64
+    return centers[np.clip(vocab_size - token_ids - 1, a_min=0, a_max=centers.shape[0] - 1)]
+
+
+def test_clipping_decode_equals_openvla_on_every_id_around_the_action_range():
+    ids = np.arange(31700, 32065)
+    assert np.array_equal(OPENVLA.decode_clipped(ids), _openvla_predict_action_values(ids))
+    assert OPENVLA.decode_clipped([32063])[0] == OPENVLA.bin_centers[0]  # above: first bin
+    assert OPENVLA.decode_clipped([0])[0] == OPENVLA.bin_centers[-1]  # below: last bin
+
+
+def test_clipping_decode_equals_the_strict_one_inside_the_range():
+    ids = np.arange(31744, 32000)
+    assert np.array_equal(OPENVLA.decode_clipped(ids), OPENVLA.decode(ids))
+
+
+def test_chunk_decoder_clips_any_id_only_when_asked():
+    decoder = ActionChunkDecoder(tokenizer=OPENVLA, statistics=STATS, horizon=2)
+    tokens = [32010, 31000, 31800, 2, 32000, 31999]
+    clipped = decoder.decode(tokens, clip_to_bins=True)
+    expected = STATS.unnormalize(_openvla_predict_action_values(np.array(tokens)).reshape(2, 3))
+    assert np.array_equal(clipped, expected)
+    with pytest.raises(ValueError, match='token id 32010 is not an action token'):
+        decoder.decode(tokens)
+
+
 def test_chunk_decoder_rejects_the_wrong_token_count():
     decoder = ActionChunkDecoder(tokenizer=OPENVLA, statistics=STATS, horizon=2)
     with pytest.raises(ValueError, match='needs 6 tokens'):

@@ -160,3 +160,146 @@ def test_random_model_of_the_tiny_preset_equals_the_seed_0_checkpoint(tiny_model
     ours, saved = model.state_dict(), tiny_model.state_dict()
     assert ours.keys() == saved.keys()
     assert all(torch.equal(ours[k], saved[k]) for k in ours)
+
+
+# --- OpenVLA folders (model_type "openvla"): config.json as OpenVLA saves it ---------------
+
+
+def _openvla_folder(folder, *, variant='fused', tiny=True, datasets=('bridge_orig',)):
+    """An OpenVLA-format folder's JSON files (config with norm_stats, tokenizer), no weights."""
+    from vla_sched.model.openvla_writer import llama_like_tokenizer_json
+    from vla_sched.model.presets import openvla_config, openvla_norm_stats
+
+    folder.mkdir(parents=True, exist_ok=True)
+    config = openvla_config(variant, tiny=tiny, norm_stats=openvla_norm_stats(datasets))
+    (folder / 'config.json').write_text(json.dumps(config))
+    (folder / 'tokenizer.json').write_text(llama_like_tokenizer_json())
+    return folder
+
+
+def test_openvla_text_config_takes_the_missing_values_from_llama_config(tmp_path):
+    from transformers import LlamaConfig
+
+    spec = read_checkpoint_spec(_openvla_folder(tmp_path, tiny=False))
+    llama = LlamaConfig()
+    decoder = spec.decoder
+    assert decoder.vocab_size == 32064  # given in text_config
+    assert (decoder.hidden_size, decoder.num_layers) == (
+        llama.hidden_size,
+        llama.num_hidden_layers,
+    )
+    assert (decoder.num_heads, decoder.num_kv_heads, decoder.intermediate_size) == (
+        llama.num_attention_heads,
+        llama.num_key_value_heads,
+        llama.intermediate_size,
+    )
+    assert decoder.rms_norm_eps == llama.rms_norm_eps == 1e-6
+    assert decoder.max_position_embeddings == llama.max_position_embeddings
+    assert decoder.rope.theta == llama.rope_parameters['rope_theta']
+    assert decoder.tie_word_embeddings is False
+    assert not (decoder.qkv_bias or decoder.o_bias or decoder.mlp_bias)
+
+
+def test_openvla_tiny_text_config_keeps_its_own_dims(tmp_path):
+    spec = read_checkpoint_spec(_openvla_folder(tmp_path))
+    d = spec.decoder
+    assert (d.hidden_size, d.num_layers, d.num_heads, d.intermediate_size) == (64, 2, 4, 128)
+    assert d.rms_norm_eps == 1e-6 and d.vocab_size == 32064
+
+
+def test_openvla_folder_gets_openvlas_tokens_image_span_pixels_prompt_and_decoding(tmp_path):
+    spec = read_checkpoint_spec(_openvla_folder(tmp_path))
+    assert spec.action_token_range == (31744, 32000)  # 32064 - pad_to_multiple_of 64
+    assert (spec.action_horizon, spec.action_dim, spec.num_action_tokens) == (1, 7, 7)
+    assert spec.image_token_id == 32000 and spec.num_image_tokens == 256
+    pre = spec.preprocessing
+    assert pre.image_size == 224 and pre.num_channels == 6
+    assert pre.mean == (0.485, 0.456, 0.406, 0.5, 0.5, 0.5)
+    assert pre.std == (0.229, 0.224, 0.225, 0.5, 0.5, 0.5)
+    assert spec.prompt.image_first and spec.prompt.suffix == ''
+    assert spec.prompt.prefix.endswith('{instruction}?\nOut:')
+    assert spec.prompt.append_token_id == 29871
+    assert spec.default_action_decoding == 'whole_vocab'
+    assert spec.sampled_token_range(whole_vocab=True) == (0, 32064)
+    assert spec.sampled_token_range(whole_vocab=False) == (31744, 32000)
+
+
+def test_openvla_v01_folder_gets_one_tower_and_the_chat_prompt(tmp_path):
+    spec = read_checkpoint_spec(_openvla_folder(tmp_path, variant='v01'))
+    assert spec.preprocessing.mean == (0.5, 0.5, 0.5) and len(spec.vision.towers) == 1
+    assert spec.prompt.prefix.startswith('A chat between a curious user')
+    assert spec.prompt.prefix.endswith('{instruction}? ASSISTANT:')
+
+
+def test_openvla_action_vocabulary_follows_pad_to_multiple_of_and_n_action_bins(tmp_path):
+    folder = _openvla_folder(tmp_path)
+    _edit_config(folder, lambda c: c.update(pad_to_multiple_of=32, n_action_bins=128))
+    spec = read_checkpoint_spec(folder)
+    assert spec.action_token_range == (32032 - 128, 32032)
+    assert spec.action_tokens.num_bins == 128
+
+
+@pytest.mark.parametrize(
+    ('edit', 'error', 'message'),
+    [
+        (lambda c: c.pop('text_config'), UnsupportedArchitectureError, 'text_config'),
+        (
+            lambda c: c['text_config'].update(model_type='mistral'),
+            UnsupportedArchitectureError,
+            r"text_config\.model_type 'mistral'",
+        ),
+        (
+            lambda c: c['text_config'].update(hidden_size='wide'),
+            UnsupportedArchitectureError,
+            'hidden_size',
+        ),
+        (
+            lambda c: c['text_config'].update(hidden_act='gelu'),
+            UnsupportedArchitectureError,
+            'hidden_act',
+        ),
+        (
+            lambda c: c.update(timm_model_ids=['vit_base_patch16_224']),
+            UnsupportedArchitectureError,
+            'timm_model_ids',
+        ),
+        (lambda c: c.update(pad_to_multiple_of=0), CheckpointError, 'pad_to_multiple_of'),
+        (lambda c: c.update(n_action_bins='many'), CheckpointError, 'n_action_bins'),
+        (
+            lambda c: c['text_config'].update(pad_token_id=None),
+            CheckpointError,
+            r'text_config\.pad_token_id',
+        ),
+    ],
+)
+def test_bad_openvla_config_fields_are_refused_by_name(tmp_path, edit, error, message):
+    folder = _openvla_folder(tmp_path)
+    _edit_config(folder, edit)
+    with pytest.raises(error, match=message):
+        read_checkpoint_spec(folder)
+
+
+def test_openvla_folder_without_tokenizer_is_refused(tmp_path):
+    folder = _openvla_folder(tmp_path)
+    (folder / 'tokenizer.json').unlink()
+    with pytest.raises(CheckpointError, match=r'missing tokenizer\.json .*OpenVLA'):
+        read_checkpoint_spec(folder)
+
+
+def test_openvla_statistics_file_wins_over_norm_stats_in_config(tmp_path):
+    from vla_sched.model.presets import openvla_norm_stats
+
+    folder = _openvla_folder(tmp_path, datasets=('a', 'b'))
+    assert sorted(read_checkpoint_spec(folder).action_statistics) == ['a', 'b']
+    (folder / 'dataset_statistics.json').write_text(json.dumps(openvla_norm_stats(('libero',))))
+    spec = read_checkpoint_spec(folder)
+    assert sorted(spec.action_statistics) == ['libero'] and spec.action_dim == 7
+
+
+def test_openvla_folder_reads_an_unnorm_key_from_vla_config_and_refuses_other_keys(tmp_path):
+    folder = _openvla_folder(tmp_path, datasets=('a', 'b'))
+    (folder / 'vla_config.json').write_text(json.dumps({'unnorm_key': 'b'}))
+    assert read_checkpoint_spec(folder).unnorm_key == 'b'
+    (folder / 'vla_config.json').write_text(json.dumps({'action_horizon': 4}))
+    with pytest.raises(CheckpointError, match=r"\['action_horizon'\]"):
+        read_checkpoint_spec(folder)

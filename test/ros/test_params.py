@@ -352,3 +352,17 @@ def test_runtime_changes_are_validated_then_applied(context):
     assert not frozen[0].successful
     assert len(applied) == 1
     node.destroy_node()
+
+
+def test_a_model_path_with_several_datasets_and_no_unnorm_key_stops_start_up(tmp_path, capsys):
+    import json
+
+    from vla_sched.model.presets import openvla_config, openvla_norm_stats
+    from vla_sched.ros.node import main
+
+    config = openvla_config('fused', tiny=True, norm_stats=openvla_norm_stats(('a', 'b')))
+    (tmp_path / 'config.json').write_text(json.dumps(config))
+    (tmp_path / 'tokenizer.json').write_text('{}')
+    assert main(['vla_sched', '--ros-args', '-p', f'engine.model_path:={tmp_path}']) == 2
+    err = capsys.readouterr().err
+    assert 'configuration error: engine.unnorm_key' in err and "['a', 'b']" in err

@@ -119,8 +119,18 @@ class ActionTokenizer:
             raise ValueError(
                 f'token id {bad} is not an action token [{self.token_start}, {self.token_end})'
             )
-        bin_index = self.config.vocab_end - ids
-        center_index = np.clip(bin_index - 1, 0, self.bin_centers.shape[0] - 1)
+        return self.decode_clipped(ids)
+
+    def decode_clipped(self, token_ids: np.ndarray | Sequence[int]) -> np.ndarray:
+        """Map any token ids to bin centres as OpenVLA's ``predict_action`` does.
+
+        The centre index is ``clip(vocab_end - id - 1, 0, num_bins - 2)`` for every id, so an
+        id above the action range (``>= vocab_end``) lands on the first centre (-1 + half a
+        bin) and one below it on the last (+1 - half a bin), silently. Inside the range this
+        equals ``decode``.
+        """
+        ids = np.asarray(token_ids, dtype=np.int64)
+        center_index = np.clip(self.config.vocab_end - ids - 1, 0, self.bin_centers.shape[0] - 1)
         return self.bin_centers[center_index]
 
 
@@ -267,19 +277,32 @@ class ActionChunkDecoder:
         """How many action tokens one chunk takes."""
         return self.horizon * self.action_dim
 
-    def decode_normalized(self, token_ids: Sequence[int] | np.ndarray) -> np.ndarray:
-        """Token ids -> normalized actions ``[horizon, action_dim]`` in [-1, 1]."""
+    def decode_normalized(
+        self, token_ids: Sequence[int] | np.ndarray, *, clip_to_bins: bool = False
+    ) -> np.ndarray:
+        """Token ids -> normalized actions ``[horizon, action_dim]`` in [-1, 1].
+
+        ``clip_to_bins`` False refuses an id outside the action token range (ids sampled
+        inside it); True clips any id into the bins as OpenVLA does
+        (``ActionTokenizer.decode_clipped``), for ids chosen over the whole vocabulary.
+        """
         ids = np.asarray(token_ids, dtype=np.int64)
         if ids.shape != (self.num_tokens,):
             raise ValueError(
                 f'an action chunk needs {self.num_tokens} tokens '
                 f'({self.horizon} x {self.action_dim}), got shape {ids.shape}'
             )
-        return self.tokenizer.decode(ids).reshape(self.horizon, self.action_dim)
+        values = self.tokenizer.decode_clipped(ids) if clip_to_bins else self.tokenizer.decode(ids)
+        return values.reshape(self.horizon, self.action_dim)
 
-    def decode(self, token_ids: Sequence[int] | np.ndarray) -> np.ndarray:
-        """Token ids -> un-normalized actions ``[horizon, action_dim]`` (float64)."""
-        return self.statistics.unnormalize(self.decode_normalized(token_ids))
+    def decode(
+        self, token_ids: Sequence[int] | np.ndarray, *, clip_to_bins: bool = False
+    ) -> np.ndarray:
+        """Token ids -> un-normalized actions ``[horizon, action_dim]`` (float64); see
+        ``decode_normalized`` for ``clip_to_bins``."""
+        return self.statistics.unnormalize(
+            self.decode_normalized(token_ids, clip_to_bins=clip_to_bins)
+        )
 
     def encode(self, actions: np.ndarray) -> np.ndarray:
         """Un-normalized actions ``[horizon, action_dim]`` -> token ids (tests, replay)."""

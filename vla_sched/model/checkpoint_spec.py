@@ -1,14 +1,21 @@
 """What the engine needs to know about a VLA checkpoint, read without building the model.
 
-A checkpoint folder holds ``config.json`` (LLaVA layout: ``text_config``, ``vision_config``,
-``image_token_index``), safetensors weights, ``tokenizer.json``, action statistics
-(``dataset_statistics.json``, or ``norm_stats`` inside ``config.json`` as OpenVLA ships them),
-optionally ``preprocessor_config.json`` (image mean/std) and ``vla_config.json`` (this
-package's settings: action token range, horizon, prompt template). Everything missing from
-``vla_config.json`` falls back to OpenVLA's conventions.
+A checkpoint folder holds ``config.json``, safetensors weights, ``tokenizer.json`` and action
+statistics (``dataset_statistics.json``, or ``norm_stats`` inside ``config.json`` as OpenVLA
+ships them). Two layouts are read:
 
-Only JSON is read here (no torch, no transformers), so the engine can ask for the image token
-count, the action token range, the horizon and the dof cheaply.
+- LLaVA (``model_type: "llava"``: ``text_config``, ``vision_config``, ``image_token_index``),
+  optionally with ``preprocessor_config.json`` (image mean/std) and ``vla_config.json`` (this
+  package's settings: action token range, horizon, prompt template). Everything missing from
+  ``vla_config.json`` falls back to OpenVLA's conventions.
+- OpenVLA (``model_type: "openvla"``, e.g. openvla/openvla-7b and its fine-tunes): everything
+  comes from ``config.json`` as OpenVLA saves it. Its ``text_config`` is a diff against
+  transformers' ``LlamaConfig`` defaults, so that branch imports transformers to fill in the
+  rest; ``vla_config.json`` may only choose the ``unnorm_key``.
+
+Only JSON is read here (no torch; transformers only for an OpenVLA ``text_config``), so the
+engine can ask for the image token count, the action token range, the horizon and the dof
+cheaply.
 """
 
 from __future__ import annotations
@@ -31,11 +38,17 @@ from vla_sched.model.action_tokenizer import (
     select_statistics,
 )
 from vla_sched.model.architecture import DecoderSpec, UnsupportedArchitectureError, VisionSpec
+from vla_sched.model.openvla_spec import OpenVLAVisionSpec, openvla_vision_spec
 
 CONFIG_FILE = 'config.json'
 VLA_CONFIG_FILE = 'vla_config.json'
 PREPROCESSOR_FILE = 'preprocessor_config.json'
 TOKENIZER_FILE = 'tokenizer.json'
+OPENVLA_MODEL_TYPE = 'openvla'
+SUPPORTED_MODEL_TYPES = ('llava', OPENVLA_MODEL_TYPE, 'llama', 'qwen2')
+# How a step's action token ids are chosen: only inside the action token range, or greedily
+# over the whole vocabulary and then clipped into the bins (OpenVLA's predict_action).
+ACTION_DECODINGS = ('action_range', 'whole_vocab')
 
 
 class CheckpointError(ValueError):
@@ -44,17 +57,34 @@ class CheckpointError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class ImagePreprocessing:
-    """How a uint8 RGB frame becomes the tower's ``pixel_values``."""
+    """How a uint8 RGB frame becomes the towers' ``pixel_values``.
+
+    The frame is resized once to ``image_size`` and normalized once per group of three
+    channels: ``mean`` and ``std`` hold 3 * k values (k = 1 for one tower; 2 for OpenVLA's
+    fused backbone: DINOv2's ImageNet statistics, then SigLIP's), giving ``3 * k`` channels.
+    """
 
     image_size: int
-    mean: tuple[float, float, float] = (0.5, 0.5, 0.5)
-    std: tuple[float, float, float] = (0.5, 0.5, 0.5)
+    mean: tuple[float, ...] = (0.5, 0.5, 0.5)
+    std: tuple[float, ...] = (0.5, 0.5, 0.5)
 
     def __post_init__(self) -> None:
         if self.image_size < 1:
             raise ValueError(f'image_size must be >= 1, got {self.image_size}')
-        if len(self.mean) != 3 or len(self.std) != 3 or min(self.std) <= 0:
-            raise ValueError(f'need 3 means and 3 positive stds, got {self.mean}, {self.std}')
+        if (
+            not self.mean
+            or len(self.mean) % 3
+            or len(self.std) != len(self.mean)
+            or min(self.std) <= 0
+        ):
+            raise ValueError(
+                f'need 3 * k means and as many positive stds, got {self.mean}, {self.std}'
+            )
+
+    @property
+    def num_channels(self) -> int:
+        """Channels of the normalized pixels: three per mean/std group."""
+        return len(self.mean)
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +94,10 @@ class PromptTemplate:
     Default order: ``[bos] + prefix(instruction) + [image tokens] + [state tokens] + suffix``;
     the part before the image is the robot's session prefix, shared across its steps.
     ``image_first`` puts the image right after BOS as OpenVLA does (then nothing but BOS is
-    shared across frames).
+    shared across frames). Each text part is tokenized on its own, so a template whose text
+    must be tokenized in one piece (OpenVLA's) keeps it all in ``prefix`` with an empty
+    ``suffix``. ``append_token_id``, when set, is appended after the whole prompt unless the
+    prompt already ends with it (OpenVLA's ``predict_action`` appends 29871, the bare ``▁``).
     """
 
     prefix: str = 'In: What action should the robot take to {instruction}?\n'
@@ -73,10 +106,19 @@ class PromptTemplate:
     add_bos: bool = True
     lowercase_instruction: bool = True
     state_tokens: bool = False
+    append_token_id: int | None = None
 
     def __post_init__(self) -> None:
         if '{instruction}' not in self.prefix:
             raise ValueError('the prompt prefix must contain "{instruction}"')
+        if self.append_token_id is not None and (
+            isinstance(self.append_token_id, bool)
+            or not isinstance(self.append_token_id, int)
+            or self.append_token_id < 0
+        ):
+            raise ValueError(
+                f'append_token_id must be a token id >= 0, got {self.append_token_id!r}'
+            )
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any]) -> PromptTemplate:
@@ -89,10 +131,15 @@ class PromptTemplate:
 
 @dataclass(frozen=True, slots=True, eq=False)
 class CheckpointSpec:
-    """Everything about a VLA checkpoint that the engine and the runner agree on."""
+    """Everything about a VLA checkpoint that the engine and the runner agree on.
+
+    ``default_action_decoding`` is how the checkpoint's own code picks action ids:
+    ``action_range`` (only action tokens) or ``whole_vocab`` (OpenVLA's: greedy over the
+    whole vocabulary, then clipped into the bins); the engine's ``auto`` follows it.
+    """
 
     decoder: DecoderSpec
-    vision: VisionSpec | None
+    vision: VisionSpec | OpenVLAVisionSpec | None
     image_token_id: int | None
     preprocessing: ImagePreprocessing | None
     action_tokens: ActionTokenizerConfig
@@ -101,8 +148,14 @@ class CheckpointSpec:
     prompt: PromptTemplate = field(default_factory=PromptTemplate)
     unnorm_key: str | None = None
     proprio_statistics: Mapping[str, ActionStatistics] = field(default_factory=dict)
+    default_action_decoding: str = 'action_range'
 
     def __post_init__(self) -> None:
+        if self.default_action_decoding not in ACTION_DECODINGS:
+            raise ValueError(
+                f'default_action_decoding must be one of {ACTION_DECODINGS}, got '
+                f'{self.default_action_decoding!r}'
+            )
         if self.action_horizon < 1:
             raise ValueError(f'action_horizon must be >= 1, got {self.action_horizon}')
         if self.action_tokens.token_end > self.decoder.vocab_size:
@@ -116,6 +169,9 @@ class CheckpointSpec:
             0 <= self.image_token_id < self.decoder.vocab_size
         ):
             raise CheckpointError(f'image token id {self.image_token_id} is outside the vocab')
+        appended = self.prompt.append_token_id
+        if appended is not None and appended >= self.decoder.vocab_size:
+            raise CheckpointError(f'prompt append_token_id {appended} is outside the vocab')
         if self.unnorm_key is not None:
             select_statistics(self.action_statistics, self.unnorm_key)
 
@@ -137,6 +193,11 @@ class CheckpointSpec:
     def action_token_range(self) -> tuple[int, int]:
         """``[start, end)`` of the action token ids."""
         return self.action_tokens.token_start, self.action_tokens.token_end
+
+    def sampled_token_range(self, *, whole_vocab: bool) -> tuple[int, int]:
+        """``[start, end)`` of the ids a step may decode: the action tokens, or (OpenVLA's
+        decoding, clipped into the bins afterwards) the whole model vocabulary."""
+        return (0, self.decoder.vocab_size) if whole_vocab else self.action_token_range
 
     @property
     def action_dim(self) -> int:
@@ -171,9 +232,18 @@ def read_json(path: Path) -> dict[str, Any]:
     return data
 
 
-def parse_architecture(config: Mapping[str, Any]) -> tuple[DecoderSpec, VisionSpec | None]:
-    """Decoder and vision specs of a LLaVA (or text-only Llama/Qwen2) ``config.json``."""
+def parse_architecture(
+    config: Mapping[str, Any],
+) -> tuple[DecoderSpec, VisionSpec | OpenVLAVisionSpec | None]:
+    """Decoder and vision specs of a LLaVA, OpenVLA (or text-only Llama/Qwen2) ``config.json``.
+
+    Raises:
+        UnsupportedArchitectureError: naming the field this package cannot serve.
+    """
     model_type = config.get('model_type')
+    if model_type == OPENVLA_MODEL_TYPE:
+        _, decoder, vision = _openvla_architecture(config)
+        return decoder, vision
     if model_type == 'llava':
         text = config.get('text_config')
         if not isinstance(text, Mapping):
@@ -187,8 +257,45 @@ def parse_architecture(config: Mapping[str, Any]) -> tuple[DecoderSpec, VisionSp
     architectures = config.get('architectures')
     raise UnsupportedArchitectureError(
         f'unsupported architecture model_type={model_type!r} architectures={architectures}; '
-        'supported: llava (with a llama/qwen2 text model), llama, qwen2'
+        'supported: llava (with a llama/qwen2 text model), openvla, llama, qwen2'
     )
+
+
+def _openvla_architecture(
+    config: Mapping[str, Any],
+) -> tuple[dict[str, Any], DecoderSpec, OpenVLAVisionSpec]:
+    """The completed ``text_config``, the decoder and the vision spec of an OpenVLA config."""
+    text = openvla_text_config(config)
+    decoder = DecoderSpec.from_hf_config(
+        text, tie_word_embeddings=bool(text.get('tie_word_embeddings', False))
+    )
+    return text, decoder, openvla_vision_spec(config, text_hidden_size=decoder.hidden_size)
+
+
+def openvla_text_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    """An OpenVLA ``text_config`` completed with transformers' ``LlamaConfig`` defaults.
+
+    OpenVLA saves ``text_config`` as a diff against ``LlamaConfig`` (openvla-7b's holds only
+    ``model_type``, ``pad_token_id`` and ``vocab_size``), so every other value (hidden size,
+    depth, ``rms_norm_eps`` 1e-6, RoPE ...) is what transformers' ``LlamaConfig`` gives.
+
+    Raises:
+        UnsupportedArchitectureError: naming the ``text_config`` field that is wrong.
+    """
+    text = config.get('text_config')
+    if not isinstance(text, Mapping):
+        raise UnsupportedArchitectureError('OpenVLA config.json needs a text_config object')
+    text_type = text.get('model_type', 'llama')
+    if text_type != 'llama':
+        raise UnsupportedArchitectureError(
+            f'OpenVLA text_config.model_type {text_type!r} is not supported; use llama'
+        )
+    from transformers import LlamaConfig
+
+    try:
+        return LlamaConfig(**dict(text)).to_dict()
+    except Exception as exc:  # transformers' config validators raise their own error types
+        raise UnsupportedArchitectureError(f'OpenVLA text_config: {exc}') from None
 
 
 def base_vocab_size(tokenizer_path: Path) -> int:
@@ -211,6 +318,50 @@ def _proprio_statistics(statistics: Mapping[str, Any]) -> dict[str, ActionStatis
     return load_action_statistics(present) if present else {}
 
 
+def read_statistics(folder: Path, config: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The folder's per-dataset statistics: ``dataset_statistics.json`` when present (a
+    fine-tune's), else ``norm_stats`` in ``config.json``.
+
+    Raises:
+        ActionStatisticsError: when neither holds statistics.
+    """
+    path = folder / ACTION_STATISTICS_FILE
+    if path.is_file():
+        return read_json(path)
+    if isinstance(config.get('norm_stats'), Mapping):
+        return config['norm_stats']
+    raise ActionStatisticsError(
+        f'missing action statistics: no {ACTION_STATISTICS_FILE} and no norm_stats in '
+        f'{CONFIG_FILE} under {folder}'
+    )
+
+
+def read_dataset_choice(folder: str | Path) -> tuple[tuple[str, ...], str | None]:
+    """The dataset names a folder holds statistics for, and the ``unnorm_key`` its
+    ``vla_config.json`` names (or None), from JSON alone: cheap enough for a node's start-up
+    (no transformers, no torch), where ``read_checkpoint_spec`` may import transformers.
+
+    Raises:
+        CheckpointError, UnsupportedArchitectureError, ActionStatisticsError: as
+            ``read_checkpoint_spec`` would for these files.
+    """
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise CheckpointError(f'checkpoint folder {folder} does not exist')
+    config = read_json(folder / CONFIG_FILE)
+    if config.get('model_type') not in SUPPORTED_MODEL_TYPES:
+        raise UnsupportedArchitectureError(
+            f'unsupported architecture model_type={config.get("model_type")!r}; supported: '
+            f'{list(SUPPORTED_MODEL_TYPES)}'
+        )
+    if not (folder / TOKENIZER_FILE).is_file():
+        raise CheckpointError(f'missing {TOKENIZER_FILE} in {folder}: prompts need it')
+    vla = read_json(folder / VLA_CONFIG_FILE) if (folder / VLA_CONFIG_FILE).is_file() else {}
+    statistics = load_action_statistics(dict(read_statistics(folder, config)))
+    key = vla.get('unnorm_key')
+    return tuple(sorted(statistics)), None if key is None else str(key)
+
+
 def read_checkpoint_spec(folder: str | Path) -> CheckpointSpec:
     """Read a checkpoint folder's spec (JSON files only).
 
@@ -224,19 +375,16 @@ def read_checkpoint_spec(folder: str | Path) -> CheckpointSpec:
         raise CheckpointError(f'checkpoint folder {folder} does not exist')
     config = read_json(folder / CONFIG_FILE)
     vla = read_json(folder / VLA_CONFIG_FILE) if (folder / VLA_CONFIG_FILE).is_file() else {}
-    vocab_end = None
-    if 'vocab_end' not in vla.get('action_tokens', {}):
-        vocab_end = base_vocab_size(folder / TOKENIZER_FILE)
-    path = folder / ACTION_STATISTICS_FILE
-    if path.is_file():
-        statistics: Mapping[str, Any] = read_json(path)
-    elif isinstance(config.get('norm_stats'), Mapping):
-        statistics = config['norm_stats']
-    else:
-        raise ActionStatisticsError(
-            f'missing action statistics: no {ACTION_STATISTICS_FILE} and no norm_stats in '
-            f'{CONFIG_FILE} under {folder}'
+    openvla = config.get('model_type') == OPENVLA_MODEL_TYPE
+    if openvla and not (folder / TOKENIZER_FILE).is_file():
+        raise CheckpointError(
+            f'missing {TOKENIZER_FILE} in {folder}: an OpenVLA folder needs the tokenizer '
+            f'files it was published with ({TOKENIZER_FILE}, tokenizer_config.json)'
         )
+    vocab_end = None
+    if not openvla and 'vocab_end' not in vla.get('action_tokens', {}):
+        vocab_end = base_vocab_size(folder / TOKENIZER_FILE)
+    statistics = read_statistics(folder, config)
     preprocessor = None
     if (folder / PREPROCESSOR_FILE).is_file():
         preprocessor = read_json(folder / PREPROCESSOR_FILE)
@@ -256,12 +404,16 @@ def spec_from_dicts(
     """Build a spec from already parsed ``config.json``, ``vla_config.json`` and statistics.
 
     Args:
-        config: The LLaVA (or text-only) ``config.json`` mapping.
+        config: The LLaVA, OpenVLA (or text-only) ``config.json`` mapping.
         vla: This package's settings (may be empty).
         statistics: OpenVLA-layout statistics per dataset.
-        preprocessor: ``preprocessor_config.json`` (image mean/std), if any.
-        default_vocab_end: Action token end when ``vla`` does not set one.
+        preprocessor: ``preprocessor_config.json`` (image mean/std), if any; not used for
+            OpenVLA folders (their towers fix the image statistics).
+        default_vocab_end: Action token end when ``vla`` does not set one; not used for
+            OpenVLA folders (their ``config.json`` fixes it).
     """
+    if config.get('model_type') == OPENVLA_MODEL_TYPE:
+        return openvla_spec_from_dicts(config, statistics, vla=vla)
     decoder, vision = parse_architecture(config)
     tokens = dict(vla.get('action_tokens', {}))
     if 'vocab_end' not in tokens:
@@ -288,4 +440,119 @@ def spec_from_dicts(
         prompt=PromptTemplate.from_mapping(vla.get('prompt', {})),
         unnorm_key=vla.get('unnorm_key'),
         proprio_statistics=_proprio_statistics(statistics),
+    )
+
+
+# OpenVLAConfig's own defaults for two fields that config.json may leave out (transformers
+# saves a config as a diff against its class defaults).
+OPENVLA_DEFAULT_PAD_TO_MULTIPLE_OF = 64
+OPENVLA_DEFAULT_ACTION_BINS = 256
+# predict_action appends Llama 2's bare '▁' piece after the prompt, as in training.
+OPENVLA_APPEND_TOKEN_ID = 29871
+OPENVLA_V01_SYSTEM_PROMPT = (
+    'A chat between a curious user and an artificial intelligence assistant. The assistant '
+    "gives helpful, detailed, and polite answers to the user's questions."
+)
+# Image right after BOS; the whole text is tokenized in one piece with BOS, as OpenVLA's
+# processor does, so it all sits in the prefix and the suffix is empty.
+OPENVLA_PROMPT = PromptTemplate(
+    prefix='In: What action should the robot take to {instruction}?\nOut:',
+    suffix='',
+    image_first=True,
+    append_token_id=OPENVLA_APPEND_TOKEN_ID,
+)
+OPENVLA_V01_PROMPT = PromptTemplate(
+    prefix=(
+        f'{OPENVLA_V01_SYSTEM_PROMPT} USER: What action should the robot take to '
+        '{instruction}? ASSISTANT:'
+    ),
+    suffix='',
+    image_first=True,
+    append_token_id=OPENVLA_APPEND_TOKEN_ID,
+)
+# The only vla_config.json key an OpenVLA folder may carry: everything else is OpenVLA's.
+OPENVLA_VLA_CONFIG_KEYS = ('unnorm_key',)
+
+
+def openvla_prompt_template(config: Mapping[str, Any]) -> PromptTemplate:
+    """OpenVLA's prompt for this ``config.json``: the v01 chat form, or the 'In: ... Out:' one.
+
+    OpenVLA's deploy script picks the v01 prompt by the folder's name; the folder itself tells
+    v01 apart by its backbones: a Vicuna LLM (``llm_backbone_id`` 'vicuna-...') or the single
+    SigLIP tower (``vision_backbone_id`` 'siglip-vit-so400m'). openvla-7b and its fine-tunes
+    (Llama 2, fused DINOv2 + SigLIP) get the 'In: ... Out:' prompt.
+    """
+    llm = str(config.get('llm_backbone_id', ''))
+    vision = str(config.get('vision_backbone_id', ''))
+    v01 = llm.startswith('vicuna') or vision == 'siglip-vit-so400m'
+    return OPENVLA_V01_PROMPT if v01 else OPENVLA_PROMPT
+
+
+def _openvla_count(config: Mapping[str, Any], name: str, default: int) -> int:
+    value = config.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise CheckpointError(f'config.json {name} must be a positive integer, got {value!r}')
+    return value
+
+
+def openvla_spec_from_dicts(
+    config: Mapping[str, Any],
+    statistics: Mapping[str, Any],
+    *,
+    vla: Mapping[str, Any] | None = None,
+) -> CheckpointSpec:
+    """The spec of an OpenVLA ``config.json`` (``model_type: "openvla"``).
+
+    As OpenVLA's ``predict_action``: action tokens end at ``text_config.vocab_size -
+    pad_to_multiple_of`` (32000 for openvla-7b) with ``n_action_bins`` bins, one action per
+    step, the image right after BOS (its span marked with ``text_config.pad_token_id``, a
+    placeholder never embedded), the towers' own pixel statistics, and greedy decoding over
+    the whole vocabulary clipped into the bins.
+
+    Args:
+        config: The ``config.json`` mapping.
+        statistics: ``norm_stats`` (or ``dataset_statistics.json``) per dataset.
+        vla: ``vla_config.json``, if any: only ``unnorm_key`` may be set there.
+
+    Raises:
+        UnsupportedArchitectureError, CheckpointError, ActionStatisticsError: naming the field.
+    """
+    vla = dict(vla or {})
+    unknown = sorted(set(vla) - set(OPENVLA_VLA_CONFIG_KEYS))
+    if unknown:
+        raise CheckpointError(
+            f'{VLA_CONFIG_FILE}: an OpenVLA folder takes {unknown} from {CONFIG_FILE}; only '
+            f'{list(OPENVLA_VLA_CONFIG_KEYS)} may be set here'
+        )
+    text, decoder, vision = _openvla_architecture(config)
+    pad_token_id = text.get('pad_token_id')
+    if isinstance(pad_token_id, bool) or not isinstance(pad_token_id, int):
+        raise CheckpointError(
+            f'OpenVLA text_config.pad_token_id must be a token id (it marks the image span), '
+            f'got {pad_token_id!r}'
+        )
+    pad_to = _openvla_count(config, 'pad_to_multiple_of', OPENVLA_DEFAULT_PAD_TO_MULTIPLE_OF)
+    num_bins = _openvla_count(config, 'n_action_bins', OPENVLA_DEFAULT_ACTION_BINS)
+    try:
+        tokens = ActionTokenizerConfig(vocab_end=decoder.vocab_size - pad_to, num_bins=num_bins)
+    except ValueError as exc:
+        raise CheckpointError(
+            f'config.json text_config.vocab_size {decoder.vocab_size}, pad_to_multiple_of '
+            f'{pad_to} and n_action_bins {num_bins}: {exc}'
+        ) from None
+    return CheckpointSpec(
+        decoder=decoder,
+        vision=vision,
+        image_token_id=pad_token_id,
+        preprocessing=ImagePreprocessing(
+            image_size=vision.image_size,
+            mean=tuple(m for tower in vision.towers for m in tower.mean),
+            std=tuple(s for tower in vision.towers for s in tower.std),
+        ),
+        action_tokens=tokens,
+        action_horizon=1,
+        action_statistics=load_action_statistics(dict(statistics)),
+        prompt=openvla_prompt_template(config),
+        unnorm_key=vla.get('unnorm_key'),
+        default_action_decoding='whole_vocab',
     )

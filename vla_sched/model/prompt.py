@@ -2,7 +2,9 @@
 
 Uses the ``tokenizers`` library on the checkpoint's ``tokenizer.json`` (no transformers, no
 torch), and tokenizes each segment separately so that a robot's session prefix always has
-the same token ids, whatever frame follows it.
+the same token ids, whatever frame follows it. OpenVLA's template puts the image right after
+BOS and all its text in one segment, which gives the ids of OpenVLA's processor (the whole
+prompt string tokenized with BOS) with the image span inserted after BOS.
 """
 
 from __future__ import annotations
@@ -113,6 +115,11 @@ class VLAPromptBuilder:
     def build(self, instruction: str, *, state: np.ndarray | None = None) -> PromptLayout:
         """Token ids of one step's prompt.
 
+        Each text part of the template is tokenized on its own (without special tokens), so
+        text kept in one part (OpenVLA's image-first template: all of it in the prefix) is
+        tokenized in one piece, as a tokenizer given the whole string would. The template's
+        ``append_token_id`` goes last unless the prompt already ends with it.
+
         Args:
             instruction: The robot's language instruction.
             state: Joint state, required when the template has state tokens.
@@ -139,6 +146,9 @@ class VLAPromptBuilder:
         else:
             ids = bos + prefix + image + state_ids + suffix
             image_offset = session_len = len(bos) + len(prefix)
+        appended = template.append_token_id
+        if appended is not None and (not ids or ids[-1] != appended):
+            ids.append(appended)
         return PromptLayout(
             token_ids=tuple(int(i) for i in ids),
             session_prefix_len=session_len,

@@ -1,8 +1,12 @@
-"""Vision tower (through transformers), LLaVA projector, image preprocessing, feature cache.
+"""Vision towers (through transformers), projectors, image preprocessing, feature cache.
 
-The tower runs once per image and has no KV cache; its selected hidden states go through
-a two-layer MLP projector into the decoder's embedding space, where they replace the image
-placeholder tokens. Images are resized and normalized in torch (no torchvision, no PIL).
+A tower runs once per image and has no KV cache; its selected hidden states go through an
+MLP projector into the decoder's embedding space, where they replace the image placeholder
+tokens. LLaVA checkpoints have one tower and a two-layer projector (``VisionEncoder``);
+OpenVLA checkpoints have one or two timm ViT towers, rebuilt here as transformers'
+``Dinov2WithRegistersModel`` and ``SiglipVisionModel``, and a two- or three-layer projector
+(``OpenVLAVisionEncoder``). Images are resized and normalized in torch (no torchvision, no
+PIL).
 """
 
 from __future__ import annotations
@@ -16,8 +20,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from vla_sched.model.architecture import VisionSpec
+from vla_sched.model.architecture import UnsupportedArchitectureError, VisionSpec
 from vla_sched.model.checkpoint_spec import ImagePreprocessing
+from vla_sched.model.openvla_spec import OpenVLAVisionSpec, TowerSpec
 from vla_sched.model.transfer import to_device
 
 
@@ -91,14 +96,174 @@ class VisionEncoder(nn.Module):
         return features
 
 
+# timm's LayerScale init for DINOv2 (the weights are overwritten on load).
+DINOV2_LAYER_SCALE_INIT = 1e-5
+
+
+def openvla_tower_hf_config(tower: TowerSpec) -> Any:
+    """The transformers config of one OpenVLA tower.
+
+    ``dinov2_reg``: ``Dinov2WithRegistersConfig`` (exact GELU, LayerScale, registers);
+    ``siglip``: ``SiglipVisionConfig`` (tanh GELU, no pooling head). Only fields that
+    transformers 4.x and 5.x both have are set.
+
+    Raises:
+        UnsupportedArchitectureError: for a DINOv2 MLP width that is not a whole multiple of
+            the embedding width (transformers sizes that MLP by an integer ratio).
+    """
+    common = {
+        'hidden_size': tower.embed_dim,
+        'num_hidden_layers': tower.depth,
+        'num_attention_heads': tower.num_heads,
+        'image_size': tower.image_size,
+        'patch_size': tower.patch_size,
+        'num_channels': 3,
+        'layer_norm_eps': tower.norm_eps,
+    }
+    if tower.kind == 'dinov2_reg':
+        from transformers import Dinov2WithRegistersConfig
+
+        ratio, rest = divmod(tower.mlp_hidden, tower.embed_dim)
+        if rest:
+            raise UnsupportedArchitectureError(
+                f'{tower.timm_model_id}: mlp width {tower.mlp_hidden} is not a multiple of '
+                f'embed_dim {tower.embed_dim}'
+            )
+        return Dinov2WithRegistersConfig(
+            **common,
+            mlp_ratio=ratio,
+            hidden_act='gelu',
+            qkv_bias=True,
+            layerscale_value=DINOV2_LAYER_SCALE_INIT,
+            use_swiglu_ffn=False,
+            num_register_tokens=tower.num_registers,
+        )
+    from transformers import SiglipVisionConfig
+
+    return SiglipVisionConfig(
+        **common,
+        intermediate_size=tower.mlp_hidden,
+        hidden_act='gelu_pytorch_tanh',
+        vision_use_head=False,
+    )
+
+
+def build_openvla_tower(tower: TowerSpec, *, dtype: torch.dtype) -> nn.Module:
+    """A randomly initialized transformers tower for ``tower`` (on the CPU)."""
+    from transformers import AutoModel
+
+    return AutoModel.from_config(openvla_tower_hf_config(tower), dtype=dtype)
+
+
+class OpenVLAProjector(nn.Module):
+    """OpenVLA's projector: ``fc3(gelu(fc2(gelu(fc1(x)))))`` fused, ``fc2(gelu(fc1(x)))``
+    for one tower (exact GELU, biases throughout)."""
+
+    def __init__(self, spec: OpenVLAVisionSpec, *, device=None, dtype=None) -> None:
+        super().__init__()
+        factory = {'device': device, 'dtype': dtype}
+        f, h = spec.feature_dim, spec.text_hidden_size
+        self.fused = spec.fused
+        self.fc1 = nn.Linear(f, 4 * f if self.fused else h, **factory)
+        self.fc2 = nn.Linear(4 * f if self.fused else h, h, **factory)
+        self.fc3 = nn.Linear(h, h, **factory) if self.fused else None
+        self.act = nn.GELU()
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        out = self.fc2(self.act(self.fc1(features)))
+        if self.fc3 is not None:
+            out = self.fc3(self.act(out))
+        return out
+
+
+class OpenVLAVisionEncoder(nn.Module):
+    """OpenVLA's towers + patch feature concatenation + projector.
+
+    ``pixel_values`` ``[N, 3 * towers, S, S]`` (channels ``3i..3i+2`` for tower ``i``) ->
+    ``[N, patches, text_hidden]``. Each tower runs once over the whole batch; its features
+    are the hidden states after its second-to-last block with the class and register
+    tokens dropped and no final norm.
+    """
+
+    def __init__(
+        self, spec: OpenVLAVisionSpec, towers: list[nn.Module], projector: OpenVLAProjector
+    ) -> None:
+        super().__init__()
+        if len(towers) != len(spec.towers):
+            raise ValueError(f'the spec has {len(spec.towers)} towers, got {len(towers)} modules')
+        self.spec = spec
+        self.towers = nn.ModuleList(towers)
+        self.projector = projector
+
+    @torch.no_grad()
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        projected = self.projector(self.patch_features(pixel_values))
+        if projected.shape[1] != self.spec.num_image_tokens:
+            raise RuntimeError(
+                f'vision towers produced {projected.shape[1]} tokens per image, expected '
+                f'{self.spec.num_image_tokens}'
+            )
+        return projected
+
+    @torch.no_grad()
+    def patch_features(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        """The towers' concatenated patch features ``[N, patches, feature_dim]``.
+
+        Raises:
+            ValueError: for pixel values that are not ``[N, 3 * towers, S, S]``.
+        """
+        spec = self.spec
+        size = spec.image_size
+        if pixel_values.ndim != 4 or tuple(pixel_values.shape[1:]) != (
+            spec.num_channels,
+            size,
+            size,
+        ):
+            raise ValueError(
+                f'pixel_values must be [N, {spec.num_channels}, {size}, {size}], got '
+                f'{tuple(pixel_values.shape)}'
+            )
+        dtype = self.projector.fc1.weight.dtype
+        features = []
+        for i, (tower_spec, tower) in enumerate(zip(spec.towers, self.towers, strict=True)):
+            pixels = pixel_values[:, 3 * i : 3 * i + 3].to(dtype)
+            out = tower(pixel_values=pixels, output_hidden_states=True, return_dict=True)
+            hidden = out.hidden_states[tower_spec.feature_layer]
+            features.append(hidden[:, tower_spec.num_prefix_tokens :])
+        return torch.cat(features, dim=-1)
+
+
+def check_native_positions(tower: nn.Module, spec: TowerSpec) -> None:
+    """Check that a DINOv2 tower adds its position table unchanged at the native size.
+
+    timm adds OpenVLA's ``pos_embed`` as stored at 224 px; a transformers release that
+    resampled the table even at the native size would change every feature.
+
+    Raises:
+        RuntimeError: when the installed transformers resamples at the native size.
+    """
+    if spec.kind != 'dinov2_reg':
+        return
+    embeddings = tower.embeddings
+    table = embeddings.position_embeddings
+    probe = table.new_zeros(1, table.shape[1], table.shape[2])
+    used = embeddings.interpolate_pos_encoding(probe, spec.image_size, spec.image_size)
+    if not torch.equal(used, table):
+        raise RuntimeError(
+            f'{spec.timm_model_id}: the installed transformers resamples the DINOv2 position '
+            'embeddings at the native image size; OpenVLA adds them unchanged'
+        )
+
+
 def preprocess_image(
     pixels: np.ndarray, prep: ImagePreprocessing, *, device: torch.device | str = 'cpu'
 ) -> torch.Tensor:
-    """uint8 ``[H, W, 3]`` RGB -> normalized float32 ``[3, S, S]``.
+    """uint8 ``[H, W, 3]`` RGB -> normalized float32 ``[3 * k, S, S]``.
 
-    Resizing is bicubic with antialiasing, rounded and clamped to the uint8 range as an
-    image library would, then rescaled by 1/255 and normalized with the checkpoint's
-    mean/std.
+    The frame is resized once (bicubic with antialiasing, rounded and clamped to the uint8
+    range as an image library would), rescaled by 1/255 and repeated ``k`` times
+    (``k = len(prep.mean) // 3``: 1 for LLaVA, one per tower for OpenVLA), each group of
+    three channels normalized with its own three means and stds.
 
     Raises:
         ValueError: for anything but a uint8 ``[H, W, 3]`` array.
@@ -115,9 +280,11 @@ def preprocess_image(
             image, size=(size, size), mode='bicubic', align_corners=False, antialias=True
         )
         image = image.round().clamp(0.0, 255.0)
-    mean = to_device(torch.tensor(prep.mean, dtype=torch.float32), image.device)[:, None, None]
-    std = to_device(torch.tensor(prep.std, dtype=torch.float32), image.device)[:, None, None]
-    return ((image[0] / 255.0) - mean) / std
+    groups = len(prep.mean) // 3
+    mean = to_device(torch.tensor(prep.mean, dtype=torch.float32), image.device)
+    std = to_device(torch.tensor(prep.std, dtype=torch.float32), image.device)
+    normalized = (image / 255.0 - mean.view(groups, 3, 1, 1)) / std.view(groups, 3, 1, 1)
+    return normalized.reshape(3 * groups, size, size)
 
 
 class FeatureCache:

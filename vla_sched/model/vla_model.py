@@ -2,7 +2,9 @@
 
 ``assemble_model`` builds it from a mapping of canonical tensor names (see ``weights``) to
 tensors, checking every name and shape first so a bad checkpoint fails with the tensor's
-name instead of a torch traceback.
+name instead of a torch traceback. The vision encoder follows the spec's vision type: a
+LLaVA tower and projector (``VisionSpec``) or OpenVLA's timm towers and projector
+(``OpenVLAVisionSpec``, tensors mapped by ``openvla_weights``).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from torch import nn
 
 from vla_sched.model.checkpoint_spec import CheckpointError, CheckpointSpec
 from vla_sched.model.decoder import PagedDecoder
+from vla_sched.model.openvla_spec import OpenVLAVisionSpec
 from vla_sched.model.weights import (
     LM_HEAD,
     decoder_shapes,
@@ -48,7 +51,11 @@ class VLAModel(nn.Module):
 
     @torch.no_grad()
     def encode_images(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        """``[N, 3, S, S]`` normalized pixels -> ``[N, image_tokens, hidden]`` embeddings."""
+        """``[N, C, S, S]`` normalized pixels -> ``[N, image_tokens, hidden]`` embeddings.
+
+        ``C`` is 3 per tower (``preprocess_image`` builds them): 3 for LLaVA, 6 for
+        OpenVLA's fused backbone.
+        """
         if self.vision is None:
             raise ValueError('this model has no vision tower')
         return self.vision(pixel_values.to(self.device)).to(self.dtype)
@@ -112,7 +119,8 @@ def assemble_model(
     parts = split_names(names)
     if parts['unknown']:
         raise CheckpointError(
-            f'checkpoint has tensors outside the LLaVA layout, e.g. {sorted(parts["unknown"])[:3]}'
+            f'checkpoint has tensors outside the LLaVA and OpenVLA layouts, e.g. '
+            f'{sorted(parts["unknown"])[:3]}'
         )
     decoder_found = {
         name: canonical
@@ -124,7 +132,9 @@ def assemble_model(
     _load(decoder, decoder_found, read, device, dtype)
     decoder.init_rope(torch.device(device))
     vision = None
-    if spec.vision is not None:
+    if isinstance(spec.vision, OpenVLAVisionSpec):
+        vision = _assemble_openvla_vision(spec.vision, parts, shape_of, read, device, dtype)
+    elif spec.vision is not None:
         vision = _assemble_vision(spec, parts, shape_of, read, device, dtype)
     elif parts['projector'] or parts['tower']:
         raise CheckpointError('checkpoint has vision tensors but config.json has no vision tower')
@@ -147,3 +157,64 @@ def _assemble_vision(spec, parts, shape_of, read, device, dtype) -> nn.Module:
     projector = Projector(vision_spec, device='meta', dtype=dtype)
     _load(projector, parts['projector'], read, device, dtype)
     return VisionEncoder(vision_spec, tower, projector)
+
+
+def assemble_openvla_vision(
+    spec: OpenVLAVisionSpec,
+    names: list[str],
+    *,
+    shape_of: Callable[[str], tuple[int, ...]],
+    read: TensorSource,
+    device: torch.device | str = 'cpu',
+    dtype: torch.dtype = torch.float32,
+) -> nn.Module:
+    """Check and load OpenVLA's towers and projector alone (``OpenVLAVisionEncoder``).
+
+    ``names`` are canonical names of vision tensors only (``projector.*``,
+    ``vision_backbone.*``); ``shape_of`` and ``read`` as for ``assemble_model``.
+
+    Raises:
+        CheckpointError: for a missing, unexpected or wrongly shaped tensor, named.
+    """
+    parts = split_names(names)
+    others = sorted({*parts['decoder'].values(), *parts['unknown'].values()})
+    if others:
+        raise CheckpointError(f'not vision tensors of an OpenVLA backbone: {others[:3]}')
+    return _assemble_openvla_vision(spec, parts, shape_of, read, device, dtype)
+
+
+def _assemble_openvla_vision(vision_spec, parts, shape_of, read, device, dtype) -> nn.Module:
+    from vla_sched.model.openvla_weights import (
+        hf_tower_state,
+        match_module_names,
+        openvla_projector_shapes,
+        split_tower_names,
+        timm_tower_shapes,
+        tower_prefix,
+    )
+    from vla_sched.model.vision import (
+        OpenVLAProjector,
+        OpenVLAVisionEncoder,
+        build_openvla_tower,
+        check_native_positions,
+    )
+
+    _check_part('projector', parts['projector'], openvla_projector_shapes(vision_spec), shape_of)
+    towers = []
+    for index, found in enumerate(split_tower_names(parts['tower'], vision_spec)):
+        tower_spec = vision_spec.towers[index]
+        part = f'vision tower {tower_prefix(index)}*'
+        _check_part(part, found, timm_tower_shapes(tower_spec), shape_of)
+        tower = build_openvla_tower(tower_spec, dtype=dtype)
+        timm_tensors = {
+            name: read(canonical).to(device=device, dtype=dtype)
+            for name, canonical in found.items()
+        }
+        state = match_module_names(hf_tower_state(tower_spec, timm_tensors), tower.state_dict())
+        tower.load_state_dict(state, strict=True, assign=True)
+        tower.to(device)
+        check_native_positions(tower, tower_spec)
+        towers.append(tower)
+    projector = OpenVLAProjector(vision_spec, device='meta', dtype=dtype)
+    _load(projector, parts['projector'], read, device, dtype)
+    return OpenVLAVisionEncoder(vision_spec, towers, projector)

@@ -9,7 +9,11 @@ Canonical names are transformers 5's ``LlavaForConditionalGeneration`` names::
 
 Older LLaVA checkpoints (``language_model.model.*``, ``vision_tower.*``,
 ``multi_modal_projector.*``) and text-only Llama/Qwen2 checkpoints (``model.layers.*``) are
-renamed to these.
+renamed to these. OpenVLA checkpoints keep their own vision names (their decoder names are
+renamed like an older LLaVA's)::
+
+    projector.fc{1,2,3}.{weight,bias}                            projector
+    vision_backbone.{featurizer,fused_featurizer}.*              timm towers (openvla_weights)
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ DECODER_PREFIX = 'model.language_model.'
 PROJECTOR_PREFIX = 'model.multi_modal_projector.'
 TOWER_PREFIX = 'model.vision_tower.'
 LM_HEAD = 'lm_head.weight'
+OPENVLA_PROJECTOR_PREFIX = 'projector.'
+OPENVLA_TOWER_PREFIX = 'vision_backbone.'
 
 _RENAMES = (
     ('language_model.model.', DECODER_PREFIX),
@@ -61,7 +67,9 @@ def split_names(names: Iterable[str]) -> dict[str, dict[str, str]]:
 
     Returns:
         ``{'decoder': ..., 'projector': ..., 'tower': ..., 'unknown': ...}``; the decoder
-        part includes ``lm_head.weight``.
+        part includes ``lm_head.weight``. OpenVLA's projector names go to ``projector``
+        (``fc1.weight``, ...) and its tower names to ``tower`` relative to
+        ``vision_backbone.`` (``featurizer.blocks.0.attn.qkv.weight``, ...).
     """
     parts: dict[str, dict[str, str]] = {'decoder': {}, 'projector': {}, 'tower': {}, 'unknown': {}}
     for name in names:
@@ -75,6 +83,10 @@ def split_names(names: Iterable[str]) -> dict[str, dict[str, str]]:
             parts['projector'][name[len(PROJECTOR_PREFIX) :]] = name
         elif name.startswith(TOWER_PREFIX):
             parts['tower'][name[len(TOWER_PREFIX) :]] = name
+        elif name.startswith(OPENVLA_PROJECTOR_PREFIX):
+            parts['projector'][name[len(OPENVLA_PROJECTOR_PREFIX) :]] = name
+        elif name.startswith(OPENVLA_TOWER_PREFIX):
+            parts['tower'][name[len(OPENVLA_TOWER_PREFIX) :]] = name
         else:
             parts['unknown'][name] = name
     return parts

@@ -52,6 +52,7 @@ def params_file(args: argparse.Namespace, folder: Path) -> Path:
         'engine': {
             'mode': args.engine_mode,
             'model_path': args.model_path,
+            'unnorm_key': args.unnorm_key,
             'device': args.device,
             'core': args.core,
             'heartbeat_timeout_s': args.heartbeat_timeout,
@@ -330,6 +331,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument('--engine-mode', choices=ENGINE_MODES, default=link.mode)
     parser.add_argument('--core', choices=CORES, default=engine.core)
     parser.add_argument('--model-path', default='', help='checkpoint (default: tiny)')
+    parser.add_argument(
+        '--unnorm-key',
+        default=engine.unnorm_key,
+        help='dataset whose action statistics to use (needed when the checkpoint has several)',
+    )
     parser.add_argument('--device', choices=DEVICES, default=engine.device)
     parser.add_argument('--heartbeat-timeout', type=float, default=3.0)
     parser.add_argument('--start-timeout', type=float, default=300.0)

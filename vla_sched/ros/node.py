@@ -53,6 +53,7 @@ from vla_sched.ros.engine_clock import engine_clock
 from vla_sched.ros.engine_link import EngineLink
 from vla_sched.ros.node_config import ConfigError, FrontendConfig
 from vla_sched.ros.robot_slot import Observation, Refusal, RobotSlot
+from vla_sched.serving.checkpoints import check_model_path
 from vla_sched.serving.engine_client import EngineClient, EngineUnavailable
 
 NODE_NAME = 'vla_sched'
@@ -85,9 +86,12 @@ class VlaSchedNode(Node):
 
         Raises:
             ConfigError: a parameter is missing, malformed or inconsistent.
+            ModelPathError: ``engine.model_path`` cannot be served, or it holds several
+                datasets' statistics and ``engine.unnorm_key`` names none of them.
         """
         super().__init__(NODE_NAME, **kwargs)
         self.config: FrontendConfig = parameters.declare_and_read(self)
+        check_model_path(self.config.engine_config())
         self.add_on_set_parameters_callback(
             parameters.runtime_validator(self.config, self._apply_runtime_param)
         )

@@ -25,6 +25,7 @@ DEVICES = ('auto', 'cpu', 'cuda')
 DTYPES = ('auto', 'float32', 'bfloat16', 'float16')
 CORES = ('scheduled', 'sequential')
 ENGINE_MODES = ('process', 'inprocess')
+ACTION_DECODINGS = ('auto', 'whole_vocab', 'action_range')
 
 
 class EngineConfigError(ValueError):
@@ -42,6 +43,13 @@ class EngineConfig:
     for more than one prefill at a time (0: SGLang's prefill-first). ``cpu_threads`` is
     torch's thread count when the model runs on the CPU (small models run fastest on one).
     ``cuda_graphs`` replays decode steps as CUDA graphs (GPU only; ignored on the CPU).
+    ``unnorm_key`` names the dataset whose statistics un-normalize the actions; it may stay
+    empty only for a checkpoint with one dataset (or one that names its own).
+    ``action_decoding`` chooses the action token ids: ``whole_vocab`` is OpenVLA's (greedy
+    over the whole vocabulary; an id outside the action range is clipped into the nearest
+    edge bin), ``action_range`` picks only among the action tokens (the greedy choice
+    differs from OpenVLA's exactly when a non-action token would win), ``auto`` the
+    checkpoint's own: ``whole_vocab`` for OpenVLA folders, ``action_range`` otherwise.
 
     The settings without a group are not parameters of their own: the node fills them in
     from its ``deadlines``, ``limits`` and ``diagnostics`` settings and its robots' priorities
@@ -50,6 +58,18 @@ class EngineConfig:
 
     model_path: str = setting(
         '', 'checkpoint folder (empty: the built-in tiny one)', group='engine'
+    )
+    unnorm_key: str = setting(
+        '',
+        "dataset whose statistics un-normalize actions (empty: the checkpoint's only one)",
+        group='engine',
+    )
+    action_decoding: str = setting(
+        'auto',
+        "auto (the checkpoint's own), whole_vocab (OpenVLA's: greedy over the whole "
+        'vocabulary, clipped into the action bins) or action_range (action tokens only)',
+        choices=ACTION_DECODINGS,
+        group='engine',
     )
     device: str = setting('auto', 'auto, cpu or cuda', choices=DEVICES, group='engine')
     dtype: str = setting('auto', 'weights and KV dtype', choices=DTYPES, group='engine')

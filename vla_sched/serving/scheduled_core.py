@@ -33,7 +33,12 @@ from vla_sched.ipc.messages import (
     StepRequest,
     StepResult,
 )
-from vla_sched.serving.checkpoints import resolve_checkpoint
+from vla_sched.serving.checkpoints import (
+    check_model_path,
+    decodes_whole_vocab,
+    read_configured_spec,
+    resolve_checkpoint,
+)
 from vla_sched.serving.core_stats import engine_info, engine_stats, record_failure
 from vla_sched.serving.device_choice import pick_device_and_dtype
 from vla_sched.serving.engine_config import EngineConfig
@@ -63,14 +68,14 @@ class ScheduledCore:
 
     def __init__(self, config: EngineConfig, *, folder: Path, random_weights: bool) -> None:
         from vla_sched.model.checkpoint import load_checkpoint
-        from vla_sched.model.checkpoint_spec import read_checkpoint_spec
         from vla_sched.model.prompt import VLAPromptBuilder
         from vla_sched.model.runner import ModelRunner, RunnerConfig
 
         self.config = config
-        self.spec = read_checkpoint_spec(folder)
-        self.prompts = VLAPromptBuilder.from_checkpoint(folder)
+        self.spec = read_configured_spec(folder, config)
+        self.prompts = VLAPromptBuilder.from_checkpoint(folder, self.spec)
         self.decoder = self.spec.action_decoder()
+        self.whole_vocab = decodes_whole_vocab(config, self.spec)
         self.model_name = folder.name
         device, dtype = pick_device_and_dtype(config)
         model = load_checkpoint(folder, device=device, dtype=dtype, spec=self.spec)
@@ -102,6 +107,7 @@ class ScheduledCore:
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> ScheduledCore:
+        check_model_path(config)
         folder, random_weights = resolve_checkpoint(config.model_path)
         return cls(config, folder=folder, random_weights=random_weights)
 
@@ -171,7 +177,7 @@ class ScheduledCore:
                     pixels=request.image,
                 ),
             )
-        start, end = self.spec.action_token_range
+        start, end = self.spec.sampled_token_range(whole_vocab=self.whole_vocab)
         req = Req(
             rid=f'{request.robot_id}/{request.step_seq}',
             origin_input_ids=layout.token_ids,
@@ -227,7 +233,8 @@ class ScheduledCore:
         admitted = times.admitted_ns or received
         first = times.first_token_ns or admitted
         last = times.finished_ns or times.last_token_ns or first
-        actions = self.decoder.decode(req.output_ids).astype(np.float32)
+        actions = self.decoder.decode(req.output_ids, clip_to_bins=self.whole_vocab)
+        actions = actions.astype(np.float32)
         return StepResult(
             robot_id=req.robot_id,
             step_seq=req.step_seq,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections import OrderedDict
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -22,15 +23,25 @@ from vla_sched.ipc.messages import (
     StepRequest,
     StepResult,
 )
-from vla_sched.serving.checkpoints import resolve_checkpoint
+from vla_sched.model.openvla_spec import OpenVLAVisionSpec
+from vla_sched.serving.checkpoints import (
+    check_model_path,
+    decodes_whole_vocab,
+    read_configured_spec,
+    resolve_checkpoint,
+)
 from vla_sched.serving.core_stats import engine_info, engine_stats, new_metrics, record_failure
 from vla_sched.serving.device_choice import pick_device_and_dtype
 from vla_sched.serving.engine_config import EngineConfig
 from vla_sched.serving.step_checks import check_step_request
 
+if TYPE_CHECKING:
+    from vla_sched.model.hf_openvla import HFOpenVLAPolicy
+
 
 class _Timing:
-    """A logits processor that masks non-action tokens and stamps each decode step."""
+    """A logits processor that masks tokens outside ``[start, end)`` and stamps each decode
+    step."""
 
     def __init__(self, start: int, end: int) -> None:
         self.start, self.end = start, end
@@ -44,22 +55,34 @@ class _Timing:
 
 
 class SequentialCore:
-    """Serves steps one by one with ``LlavaForConditionalGeneration.generate``."""
+    """Serves steps one by one with ``LlavaForConditionalGeneration.generate`` (OpenVLA
+    folders: ``HFOpenVLAPolicy``, transformers' ``LlamaForCausalLM.generate``)."""
 
     def __init__(self, config: EngineConfig, *, folder, random_weights: bool) -> None:
-        import transformers
-
-        from vla_sched.model.checkpoint_spec import read_checkpoint_spec
         from vla_sched.model.prompt import VLAPromptBuilder
 
         self.config = config
         self.device, self.dtype = pick_device_and_dtype(config)
-        self.spec = read_checkpoint_spec(folder)
-        self.prompts = VLAPromptBuilder.from_checkpoint(folder)
-        self.model = transformers.LlavaForConditionalGeneration.from_pretrained(
-            folder, dtype=self.dtype
-        ).to(self.device)
-        self.model.eval()
+        self.spec = read_configured_spec(folder, config)
+        self.prompts = VLAPromptBuilder.from_checkpoint(folder, self.spec)
+        self.whole_vocab = decodes_whole_vocab(config, self.spec)
+        # An OpenVLA folder (transformers has no class for it) runs as predict_action does:
+        # LlamaForCausalLM.generate over the projected image and the prompt.
+        self.openvla: HFOpenVLAPolicy | None = None
+        self.model = None
+        if isinstance(self.spec.vision, OpenVLAVisionSpec):
+            from vla_sched.model.hf_openvla import HFOpenVLAPolicy
+
+            self.openvla = HFOpenVLAPolicy(
+                folder, device=self.device, dtype=self.dtype, spec=self.spec
+            )
+        else:
+            import transformers
+
+            self.model = transformers.LlavaForConditionalGeneration.from_pretrained(
+                folder, dtype=self.dtype
+            ).to(self.device)
+            self.model.eval()
         self.decoder = self.spec.action_decoder()
         self._info = engine_info(
             self.spec,
@@ -73,6 +96,7 @@ class SequentialCore:
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> SequentialCore:
+        check_model_path(config)
         folder, random_weights = resolve_checkpoint(config.model_path)
         return cls(config, folder=folder, random_weights=random_weights)
 
@@ -135,26 +159,17 @@ class SequentialCore:
     @torch.inference_mode()
     def _generate(self, request: StepRequest, *, arrival_ns: int, start_ns: int) -> StepResult:
         """Generate one step that arrived at ``arrival_ns`` and starts at ``start_ns``."""
-        from vla_sched.model.vision import preprocess_image
-
         state = request.state if self._info.num_state else None
         layout = self.prompts.build(request.instruction, state=state)
-        input_ids = torch.tensor([layout.token_ids], device=self.device)
-        pixels = preprocess_image(request.image, self.spec.preprocessing, device=self.device)
-        timing = _Timing(*self.spec.action_token_range)
+        timing = _Timing(*self.spec.sampled_token_range(whole_vocab=self.whole_vocab))
         start = time.perf_counter()
-        out = self.model.generate(
-            input_ids=input_ids,
-            attention_mask=torch.ones_like(input_ids),
-            pixel_values=pixels[None].to(self.dtype),
-            max_new_tokens=self.spec.num_action_tokens,
-            min_new_tokens=self.spec.num_action_tokens,
-            do_sample=False,
-            logits_processor=[timing],
-            pad_token_id=0,
-        )
-        tokens = out[0, input_ids.shape[1] :].tolist()
-        actions = self.decoder.decode(tokens).astype(np.float32)
+        if self.openvla is not None:
+            tokens = self.openvla.action_token_ids(
+                request.image, request.instruction, logits_processor=[timing]
+            )
+        else:
+            tokens = self._llava_tokens(request, layout.token_ids, timing)
+        actions = self.decoder.decode(tokens, clip_to_bins=self.whole_vocab).astype(np.float32)
         end = time.perf_counter()
         stamps = [start, *timing.stamps, end]
         prefill_ms = (stamps[1] - start) * 1e3
@@ -182,6 +197,26 @@ class SequentialCore:
             late=late,
             num_cached_prefix_tokens=0,
         )
+
+    def _llava_tokens(
+        self, request: StepRequest, token_ids: tuple[int, ...], timing: _Timing
+    ) -> list[int]:
+        """A LLaVA checkpoint's action token ids through ``generate``."""
+        from vla_sched.model.vision import preprocess_image
+
+        input_ids = torch.tensor([token_ids], device=self.device)
+        pixels = preprocess_image(request.image, self.spec.preprocessing, device=self.device)
+        out = self.model.generate(
+            input_ids=input_ids,
+            attention_mask=torch.ones_like(input_ids),
+            pixel_values=pixels[None].to(self.dtype),
+            max_new_tokens=self.spec.num_action_tokens,
+            min_new_tokens=self.spec.num_action_tokens,
+            do_sample=False,
+            logits_processor=[timing],
+            pad_token_id=0,
+        )
+        return out[0, input_ids.shape[1] :].tolist()
 
     def stats(self, now_ns: int) -> EngineStats:
         return engine_stats(

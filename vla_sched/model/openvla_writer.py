@@ -1,0 +1,433 @@
+"""Writes a checkpoint folder exactly as OpenVLA saves one, with seeded random weights.
+
+The folder is what a user downloads for ``openvla/openvla-7b`` (``variant='fused'``: DINOv2
++ SigLIP towers) or ``openvla/openvla-v01-7b`` (``variant='v01'``: one SigLIP tower):
+``config.json`` (``model_type: "openvla"``, ``text_config`` as a diff against transformers'
+``LlamaConfig``, ``norm_stats``), ``model.safetensors`` or shards with
+``model.safetensors.index.json``, a Llama-2-like ``tokenizer.json`` with ``<PAD>`` at 32000,
+``tokenizer_config.json``, ``special_tokens_map.json``, ``preprocessor_config.json`` (as
+OpenVLA's ``PrismaticImageProcessor`` saves it), ``generation_config.json`` and, on request,
+``dataset_statistics.json`` instead of ``norm_stats``.
+
+Tensor names and shapes are OpenVLA's: ``language_model.model.*`` and
+``language_model.lm_head.weight`` (Llama), ``projector.fc1..fc3`` (fused) or ``fc1..fc2``
+(v01), ``vision_backbone.featurizer.*`` and ``vision_backbone.fused_featurizer.*`` (timm
+ViT state dicts, SigLIP with its unused ``attn_pool`` head). ``tiny=True`` keeps the names,
+the vocabulary, the 224 px images and the 256 image tokens with tiny widths and depths
+(``timm_model_args`` and small ``text_config`` dims); ``tiny=False`` has openvla-7b's real
+shapes (about 15 GB in bfloat16: draw it on a GPU). The weights are random, so the actions
+mean nothing; they are scaled so that activations and logits stay O(1).
+
+Tokenizer ids: ``<unk> <s> </s>`` at 0-2, the byte pieces ``<0x00>..<0xFF>`` at 3-258, the
+bare ``▁`` at 29871, ``<PAD>`` (added) at 32000, as in Llama-2's tokenizer. The other pieces
+are printable characters, common words of robot instructions (with their BPE merges, so
+prompts tokenize into whole-word pieces) and filler pieces.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import re
+import string
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from vla_sched.model.architecture import DecoderSpec
+from vla_sched.model.checkpoint_spec import CONFIG_FILE, PREPROCESSOR_FILE, TOKENIZER_FILE
+from vla_sched.model.openvla_spec import OpenVLAVisionSpec, TowerSpec, openvla_vision_spec
+from vla_sched.model.presets import (
+    OPENVLA_DATASET,
+    OPENVLA_PAD_TOKEN_ID,
+    OPENVLA_VARIANTS,
+    openvla_config,
+    openvla_norm_stats,
+)
+from vla_sched.model.tiny_checkpoint import random_tensor, write_weights
+from vla_sched.model.weights import LM_HEAD, decoder_shapes
+
+LANGUAGE_MODEL_PREFIX = 'language_model.model.'
+LANGUAGE_MODEL_HEAD = 'language_model.lm_head.weight'
+PROJECTOR_PREFIX = 'projector.'
+TOWER_PREFIXES = ('vision_backbone.featurizer.', 'vision_backbone.fused_featurizer.')
+STATISTICS_FILE = 'dataset_statistics.json'
+ACTION_ROW_SCALE = 1.6
+
+BASE_VOCAB_SIZE = 32000  # Llama-2's sentencepiece pieces
+SPECIAL_PIECES = ('<unk>', '<s>', '</s>')
+BOS_TOKEN_ID = 1
+EOS_TOKEN_ID = 2
+FIRST_BYTE_ID = 3
+SPACE_PIECE = '\u2581'
+SPACE_PIECE_ID = 29871
+PAD_TOKEN = '<PAD>'
+# Words of OpenVLA's prompts and of typical instructions; each becomes a piece with and
+# without the leading space marker, reachable through left-to-right merges.
+COMMON_WORDS = (
+    'In', 'What', 'Out', 'USER', 'ASSISTANT', 'A', 'The', 'a', 'an', 'and', 'the', 'to',
+    'of', 'on', 'in', 'into', 'from', 'up', 'down', 'off', 'out', 'with', 'what', 'action',
+    'should', 'robot', 'take', 'chat', 'between', 'curious', 'user', 'artificial',
+    'intelligence', 'assistant', 'gives', 'helpful', 'detailed', 'polite', 'answers',
+    'questions', 'pick', 'place', 'put', 'push', 'pull', 'open', 'close', 'move', 'lift',
+    'stack', 'wipe', 'fold', 'turn', 'slide', 'drawer', 'block', 'cup', 'cups', 'lid', 'table',
+    'towel', 'button', 'bowl', 'plate', 'pot', 'pan', 'sink', 'spoon', 'carrot', 'can',
+    'red', 'blue', 'green', 'yellow', 'left', 'right', 'top', 'bottom', 'door', 'cloth',
+)  # fmt: skip
+
+
+def _llama_like_vocab() -> tuple[dict[str, int], list[tuple[str, str]]]:
+    """The 32000 model pieces and the BPE merges that build the word pieces."""
+    pieces: list[str] = []
+    merges: list[tuple[str, str]] = []
+    seen = set(SPECIAL_PIECES) | {f'<0x{b:02X}>' for b in range(256)} | {SPACE_PIECE}
+
+    def add(piece: str) -> None:
+        if piece not in seen:
+            seen.add(piece)
+            pieces.append(piece)
+
+    for char in string.ascii_letters + string.digits + string.punctuation:
+        add(char)
+    for word in (*(SPACE_PIECE + w for w in COMMON_WORDS), *COMMON_WORDS):
+        for end in range(2, len(word) + 1):
+            if word[:end] not in seen:
+                merges.append((word[: end - 1], word[end - 1]))
+            add(word[:end])
+    # Filler: letter pairs and triples, bare and after the space marker (unreachable by
+    # merges, so they never change how a text tokenizes).
+    for length in (2, 3):
+        for letters in itertools.product(string.ascii_lowercase, repeat=length):
+            add(''.join(letters))
+            add(SPACE_PIECE + ''.join(letters))
+    vocab = {piece: i for i, piece in enumerate(SPECIAL_PIECES)}
+    vocab.update({f'<0x{b:02X}>': FIRST_BYTE_ID + b for b in range(256)})
+    vocab[SPACE_PIECE] = SPACE_PIECE_ID
+    free = (i for i in range(FIRST_BYTE_ID + 256, BASE_VOCAB_SIZE) if i != SPACE_PIECE_ID)
+    vocab.update({piece: token_id for token_id, piece in zip(free, pieces, strict=False)})
+    if len(vocab) != BASE_VOCAB_SIZE or len(set(vocab.values())) != BASE_VOCAB_SIZE:
+        raise RuntimeError(f'the tokenizer vocabulary has {len(vocab)} pieces, not 32000')
+    return vocab, merges
+
+
+def llama_like_tokenizer_json() -> str:
+    """A Llama-2-like ``tokenizer.json``: BPE with byte fallback over 32000 pieces.
+
+    The text gets a ``▁`` prefix and ``▁`` for spaces (Metaspace, prefix on the first
+    piece), the post-processor adds BOS, and ``<PAD>`` is an added special token at 32000.
+    """
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
+
+    vocab, merges = _llama_like_vocab()
+    model = models.BPE(
+        vocab=vocab, merges=merges, unk_token='<unk>', byte_fallback=True, fuse_unk=True
+    )
+    tokenizer = Tokenizer(model)
+    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(
+        replacement=SPACE_PIECE, prepend_scheme='first', split=False
+    )
+    tokenizer.decoder = decoders.Sequence(
+        [
+            decoders.Replace(SPACE_PIECE, ' '),
+            decoders.ByteFallback(),
+            decoders.Fuse(),
+            decoders.Strip(' ', 1, 0),
+        ]
+    )
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single='<s> $A', pair='<s> $A <s> $B', special_tokens=[('<s>', BOS_TOKEN_ID)]
+    )
+    specials = [AddedToken(t, special=True, normalized=False) for t in SPECIAL_PIECES]
+    tokenizer.add_special_tokens([*specials, AddedToken(PAD_TOKEN, special=True)])
+    if tokenizer.token_to_id(PAD_TOKEN) != OPENVLA_PAD_TOKEN_ID:
+        raise RuntimeError(f'the tokenizer put {PAD_TOKEN} at {tokenizer.token_to_id(PAD_TOKEN)}')
+    return tokenizer.to_str()
+
+
+def merged_text_config(config: dict[str, Any]) -> dict[str, Any]:
+    """``text_config`` completed with transformers' ``LlamaConfig`` defaults."""
+    from transformers import LlamaConfig
+
+    return LlamaConfig(**config['text_config']).to_dict()
+
+
+def _tower_shapes(tower: TowerSpec) -> dict[str, tuple[int, ...]]:
+    """timm names and shapes of one ViT tower (SigLIP with its attention-pool head)."""
+    d, m, p = tower.embed_dim, tower.mlp_hidden, tower.patch_size
+    shapes: dict[str, tuple[int, ...]] = {}
+    if tower.has_class_token:
+        shapes['cls_token'] = (1, 1, d)
+    if tower.num_registers:
+        shapes['reg_token'] = (1, tower.num_registers, d)
+    shapes['pos_embed'] = (1, tower.num_patches, d)
+    shapes.update({'patch_embed.proj.weight': (d, 3, p, p), 'patch_embed.proj.bias': (d,)})
+
+    def linear(name: str, n_out: int, n_in: int) -> None:
+        shapes.update({f'{name}.weight': (n_out, n_in), f'{name}.bias': (n_out,)})
+
+    def mlp(prefix: str) -> None:
+        linear(f'{prefix}mlp.fc1', m, d)
+        linear(f'{prefix}mlp.fc2', d, m)
+
+    for i in range(tower.depth):
+        block = f'blocks.{i}.'
+        shapes.update({f'{block}norm1.weight': (d,), f'{block}norm1.bias': (d,)})
+        linear(f'{block}attn.qkv', 3 * d, d)
+        linear(f'{block}attn.proj', d, d)
+        if tower.has_layer_scale:
+            shapes[f'{block}ls1.scale_factor'] = (d,)
+        shapes.update({f'{block}norm2.weight': (d,), f'{block}norm2.bias': (d,)})
+        mlp(block)
+        if tower.has_layer_scale:
+            shapes[f'{block}ls2.scale_factor'] = (d,)
+    shapes.update({'norm.weight': (d,), 'norm.bias': (d,)})
+    if tower.kind == 'siglip':  # timm's attention-pool head: unused by OpenVLA
+        shapes['attn_pool.latent'] = (1, 1, d)
+        linear('attn_pool.q', d, d)
+        linear('attn_pool.kv', 2 * d, d)
+        linear('attn_pool.proj', d, d)
+        shapes.update({'attn_pool.norm.weight': (d,), 'attn_pool.norm.bias': (d,)})
+        mlp('attn_pool.')
+    return shapes
+
+
+def _projector_shapes(vision: OpenVLAVisionSpec) -> dict[str, tuple[int, ...]]:
+    v, h = vision.feature_dim, vision.text_hidden_size
+    layers = [(4 * v, v), (h, 4 * v), (h, h)] if vision.fused else [(h, v), (h, h)]
+    shapes: dict[str, tuple[int, ...]] = {}
+    for i, (n_out, n_in) in enumerate(layers, start=1):
+        shapes.update({f'fc{i}.weight': (n_out, n_in), f'fc{i}.bias': (n_out,)})
+    return shapes
+
+
+def openvla_tensor_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+    """Every tensor name of an OpenVLA checkpoint with its shape, from its ``config.json``."""
+    decoder = DecoderSpec.from_hf_config(merged_text_config(config))
+    vision = openvla_vision_spec(config, text_hidden_size=decoder.hidden_size)
+    shapes: dict[str, tuple[int, ...]] = {}
+    for name, shape in decoder_shapes(decoder).items():
+        shapes[LANGUAGE_MODEL_HEAD if name == LM_HEAD else LANGUAGE_MODEL_PREFIX + name] = shape
+    shapes.update({PROJECTOR_PREFIX + n: s for n, s in _projector_shapes(vision).items()})
+    for prefix, tower in zip(TOWER_PREFIXES, vision.towers, strict=False):
+        shapes.update({prefix + n: s for n, s in _tower_shapes(tower).items()})
+    return shapes
+
+
+_NORM_WEIGHT = re.compile(r'norm\d?\.weight$')
+
+
+def _random_openvla_tensor(
+    name: str, shape: tuple[int, ...], generator: torch.Generator, dtype: torch.dtype
+) -> torch.Tensor:
+    """One random weight scaled by its role (timm roles here, the rest as the LLaVA writer)."""
+    factory = {'generator': generator, 'device': generator.device, 'dtype': dtype}
+    if _NORM_WEIGHT.search(name):
+        return 1.0 + 0.1 * torch.randn(shape, **factory)
+    if name.endswith('scale_factor'):  # LayerScale
+        return 0.5 + 0.1 * torch.randn(shape, **factory)
+    if name.endswith(('cls_token', 'reg_token', 'pos_embed', 'latent')):
+        return 0.5 * torch.randn(shape, **factory)
+    return random_tensor(name, shape, generator, dtype=dtype)
+
+
+def openvla_state_dict(
+    config: dict[str, Any],
+    *,
+    seed: int = 0,
+    device: torch.device | str = 'cpu',
+    dtype: torch.dtype = torch.float32,
+) -> dict[str, torch.Tensor]:
+    """Seeded random weights under OpenVLA's tensor names (same seed, same values).
+
+    The LM head's rows of the action tokens are drawn ``ACTION_ROW_SCALE`` times larger, so
+    that greedy decoding over the whole vocabulary mostly picks action tokens (as a trained
+    OpenVLA does) while other ids still come up now and then (clipped into the bins).
+    """
+    generator = torch.Generator(device=device).manual_seed(seed)
+    tensors = {
+        name: _random_openvla_tensor(name, shape, generator, dtype)
+        for name, shape in openvla_tensor_shapes(config).items()
+    }
+    vocab_end = int(config['text_config']['vocab_size']) - int(config['pad_to_multiple_of'])
+    action_rows = slice(vocab_end - int(config['n_action_bins']), vocab_end)
+    tensors[LANGUAGE_MODEL_HEAD][action_rows] *= ACTION_ROW_SCALE
+    return tensors
+
+
+def _preprocessor_config(vision: OpenVLAVisionSpec) -> dict[str, Any]:
+    """``preprocessor_config.json`` as OpenVLA's ``PrismaticImageProcessor`` saves it."""
+    size = vision.image_size
+    k = len(vision.towers)
+    means = [list(t.mean) for t in vision.towers]
+    stds = [list(t.std) for t in vision.towers]
+    resize = {'antialias': True, 'interpolation': 3, 'max_size': None, 'size': [size, size]}
+    return {
+        'auto_map': {
+            'AutoImageProcessor': 'processing_prismatic.PrismaticImageProcessor',
+            'AutoProcessor': 'processing_prismatic.PrismaticProcessor',
+        },
+        'image_processor_type': 'PrismaticImageProcessor',
+        'processor_class': 'PrismaticProcessor',
+        'use_fused_vision_backbone': vision.fused,
+        'image_resize_strategy': vision.image_resize_strategy,
+        'input_sizes': [[3, size, size]] * k,
+        'interpolations': ['bicubic'] * k,
+        'means': means,
+        'stds': stds,
+        'tvf_resize_params': [dict(resize) for _ in range(k)],
+        'tvf_crop_params': [{'output_size': [size, size]} for _ in range(k)],
+        'tvf_normalize_params': [
+            {'inplace': False, 'mean': m, 'std': s} for m, s in zip(means, stds, strict=True)
+        ],
+        'tvf_do_letterbox': False,
+        'tvf_letterbox_fill': None,
+    }
+
+
+def _special_tokens_map() -> dict[str, Any]:
+    def token(content: str) -> dict[str, Any]:
+        return {
+            'content': content,
+            'lstrip': False,
+            'normalized': False,
+            'rstrip': False,
+            'single_word': False,
+        }
+
+    return {
+        'bos_token': token('<s>'),
+        'eos_token': token('</s>'),
+        'pad_token': token(PAD_TOKEN),
+        'unk_token': token('<unk>'),
+    }
+
+
+def _tokenizer_config() -> dict[str, Any]:
+    added = {
+        str(i): {
+            'content': content,
+            'lstrip': False,
+            'normalized': False,
+            'rstrip': False,
+            'single_word': False,
+            'special': True,
+        }
+        for i, content in (*enumerate(SPECIAL_PIECES), (OPENVLA_PAD_TOKEN_ID, PAD_TOKEN))
+    }
+    return {
+        'tokenizer_class': 'LlamaTokenizer',
+        'added_tokens_decoder': added,
+        'bos_token': '<s>',
+        'eos_token': '</s>',
+        'unk_token': '<unk>',
+        'pad_token': PAD_TOKEN,
+        'add_bos_token': True,
+        'add_eos_token': False,
+        'legacy': False,
+        'clean_up_tokenization_spaces': False,
+        'model_max_length': 2048,
+        'padding_side': 'right',
+        'use_default_system_prompt': False,
+    }
+
+
+def _generation_config() -> dict[str, Any]:
+    return {
+        '_from_model_config': True,
+        'bos_token_id': BOS_TOKEN_ID,
+        'eos_token_id': EOS_TOKEN_ID,
+        'pad_token_id': OPENVLA_PAD_TOKEN_ID,
+    }
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    path.write_text(json.dumps(data, indent=2, sort_keys=True) + '\n')
+
+
+_DTYPE_NAMES = {torch.float32: 'float32', torch.bfloat16: 'bfloat16', torch.float16: 'float16'}
+
+
+def write_openvla_checkpoint(
+    folder: str | Path,
+    *,
+    variant: str = 'fused',
+    tiny: bool = True,
+    seed: int = 0,
+    num_shards: int = 1,
+    datasets: tuple[str, ...] = (OPENVLA_DATASET,),
+    statistics_file: bool = False,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str = 'cpu',
+) -> Path:
+    """Write an OpenVLA-format checkpoint into ``folder`` (created if needed).
+
+    Args:
+        folder: Destination; files of the same names are overwritten.
+        variant: ``fused`` (openvla-7b: DINOv2 + SigLIP) or ``v01`` (one SigLIP tower).
+        tiny: Tiny widths and depths; False writes openvla-7b's real shapes (7.5 B
+            parameters: bfloat16 on a GPU ``device``, never in unit tests).
+        seed: Seed of the weights (same seed, same bytes).
+        num_shards: One ``model.safetensors``, or this many shards with an index.
+        datasets: Dataset names of the action statistics (an ``unnorm_key`` picks one).
+        statistics_file: Put the statistics in ``dataset_statistics.json`` (as fine-tunes
+            ship them) instead of ``norm_stats`` in ``config.json``.
+        dtype: Weights dtype on disk.
+        device: Where the random weights are drawn.
+
+    Returns:
+        The folder.
+    """
+    if dtype not in _DTYPE_NAMES:
+        raise ValueError(f'dtype must be one of {list(_DTYPE_NAMES)}, got {dtype}')
+    if num_shards < 1:
+        raise ValueError(f'num_shards must be >= 1, got {num_shards}')
+    if not datasets:
+        raise ValueError('datasets must name at least one dataset')
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    stats = openvla_norm_stats(tuple(datasets))
+    config = openvla_config(variant, tiny=tiny, norm_stats=None if statistics_file else stats)
+    config['torch_dtype'] = _DTYPE_NAMES[dtype]
+    _write_json(folder / CONFIG_FILE, config)
+    if statistics_file:
+        _write_json(folder / STATISTICS_FILE, stats)
+    text = merged_text_config(config)
+    vision = openvla_vision_spec(config, text_hidden_size=int(text['hidden_size']))
+    _write_json(folder / PREPROCESSOR_FILE, _preprocessor_config(vision))
+    _write_json(folder / 'generation_config.json', _generation_config())
+    _write_json(folder / 'tokenizer_config.json', _tokenizer_config())
+    _write_json(folder / 'special_tokens_map.json', _special_tokens_map())
+    (folder / TOKENIZER_FILE).write_text(llama_like_tokenizer_json())
+    tensors = openvla_state_dict(config, seed=seed, device=device, dtype=dtype)
+    write_weights(folder, {k: v.cpu() for k, v in tensors.items()}, num_shards=num_shards)
+    return folder
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Write a tiny OpenVLA-format checkpoint (random weights) from the command line."""
+    parser = argparse.ArgumentParser(
+        description='Write a tiny OpenVLA-format checkpoint with random weights (its actions '
+        'are meaningless): the real file and tensor names, tiny widths and depths.'
+    )
+    parser.add_argument('folder', help='where to write it')
+    parser.add_argument('--variant', choices=list(OPENVLA_VARIANTS), default='fused')
+    parser.add_argument(
+        '--datasets',
+        nargs='+',
+        default=[OPENVLA_DATASET],
+        help='dataset names of the action statistics (unnorm_key picks one)',
+    )
+    parser.add_argument('--seed', type=int, default=0)
+    args = parser.parse_args(argv)
+    folder = write_openvla_checkpoint(
+        args.folder, variant=args.variant, datasets=tuple(args.datasets), seed=args.seed
+    )
+    print(f'openvla_writer: wrote a tiny {args.variant} OpenVLA-format checkpoint to {folder}')
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
