@@ -254,3 +254,17 @@ def test_control_loop_serves_robots_with_both_systems_and_prints_the_ratios(tmp_
     }
     assert all(p['num_chunks'] > 0 for p in points)
     assert '| robots | actions/s vla_sched / baseline |' in proc.stdout
+
+
+@pytest.mark.slow
+def test_prefix_reuse_shows_image_first_prompts_share_nothing_but_bos(tmp_path):
+    bench = _bench('prefix_reuse')
+    out = tmp_path / 'reuse.json'
+    assert bench.main(['--robots', '2', '--steps', '2', '--json', str(out)]) == 0
+    instruction_first, image_first = json.loads(out.read_text())
+    assert instruction_first['session_prefix_len'] > 1
+    assert instruction_first['cached_tokens_per_step'] > 0
+    assert instruction_first['cache_hit_rate'] > 0
+    assert image_first['session_prefix_len'] == 1  # BOS, then the frame's image
+    assert image_first['cached_tokens_per_step'] == 0
+    assert image_first['prefilled_tokens_per_step'] == image_first['prompt_len']

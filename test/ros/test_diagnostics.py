@@ -55,6 +55,7 @@ def _engine(state: str = READY, **overrides) -> EngineView:
         pid=4242,
         model_name='tiny-vla-v1',
         random_weights=True,
+        prompt_layout='image first: frames share only BOS',
         heartbeat_age_s=0.1,
         state_age_s=2.0,
         num_restarts=0,
@@ -207,3 +208,10 @@ def test_without_engine_stats_a_robots_engine_numbers_are_unknown():
 @pytest.mark.parametrize('robot_id', ['robot_0', 'arm_left', 'R2'])
 def test_robot_status_names_follow_the_documented_pattern(robot_id):
     assert d.robot_status_name(robot_id) == f'vla_sched: robot {robot_id}'
+
+
+def test_scheduler_status_says_what_the_prompt_layout_lets_the_cache_share():
+    values = dict(d.scheduler_data(_engine(), CFG, hardware_id='x').values)
+    assert values['prompt layout'] == 'image first: frames share only BOS'
+    values = dict(d.scheduler_data(_engine(prompt_layout=''), CFG, hardware_id='x').values)
+    assert values['prompt layout'] == 'n/a'

@@ -43,6 +43,7 @@ def _serve_one(core: SequentialCore, request: StepRequest) -> StepResult:
 def test_a_step_returns_openvlas_actions_for_the_chosen_dataset(folder):
     config = EngineConfig(core='sequential', model_path=str(folder), unnorm_key='fractal')
     core = SequentialCore.from_config(config)
+    assert core.info.prompt_layout.startswith('image first')
     try:
         request = _request(1)
         result = _serve_one(core, request)

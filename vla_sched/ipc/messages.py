@@ -146,3 +146,6 @@ class EngineInfo:
     image_size: int  # the vision tower's input size; frames of any size are resized to it
     max_instruction_tokens: int
     random_weights: bool  # true for the built-in tiny checkpoint: its actions are meaningless
+    # What a robot's steps can share in the radix cache: 'instruction first' (the session
+    # prefix: BOS and the instruction text) or 'image first' (OpenVLA: only BOS).
+    prompt_layout: str = ''

@@ -52,6 +52,7 @@ class EngineView:
     pid: int | None
     model_name: str
     random_weights: bool
+    prompt_layout: str
     heartbeat_age_s: float
     state_age_s: float  # seconds in the current state
     num_restarts: int
@@ -149,6 +150,7 @@ class EngineLink:
             pid=self.client.pid,
             model_name=info.model_name if info is not None else '',
             random_weights=bool(info.random_weights) if info is not None else False,
+            prompt_layout=info.prompt_layout if info is not None else '',
             heartbeat_age_s=self.client.heartbeat_age_s,
             state_age_s=now - self._state_since_s,
             num_restarts=self.num_restarts,

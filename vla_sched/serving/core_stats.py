@@ -34,6 +34,10 @@ def num_state_values(spec: CheckpointSpec) -> int:
     return next(iter(spec.proprio_statistics.values())).action_dim
 
 
+PROMPT_LAYOUT_IMAGE_FIRST = 'image first: frames share only BOS'
+PROMPT_LAYOUT_INSTRUCTION_FIRST = 'instruction first: steps share the instruction prefix'
+
+
 def engine_info(
     spec: CheckpointSpec, *, model_name: str, max_instruction_bytes: int, random_weights: bool
 ) -> EngineInfo:
@@ -45,6 +49,9 @@ def engine_info(
         image_size=spec.preprocessing.image_size if spec.preprocessing else 0,
         max_instruction_tokens=max_instruction_bytes,
         random_weights=random_weights,
+        prompt_layout=PROMPT_LAYOUT_IMAGE_FIRST
+        if spec.prompt.image_first
+        else (PROMPT_LAYOUT_INSTRUCTION_FIRST),
     )
 
 
