@@ -38,8 +38,14 @@ from typing import Any
 import torch
 
 from vla_sched.model.architecture import DecoderSpec
-from vla_sched.model.checkpoint_spec import CONFIG_FILE, PREPROCESSOR_FILE, TOKENIZER_FILE
+from vla_sched.model.checkpoint_spec import (
+    CONFIG_FILE,
+    PREPROCESSOR_FILE,
+    TOKENIZER_FILE,
+    openvla_text_config,
+)
 from vla_sched.model.openvla_spec import OpenVLAVisionSpec, TowerSpec, openvla_vision_spec
+from vla_sched.model.openvla_weights import openvla_projector_shapes, timm_tower_shapes
 from vla_sched.model.presets import (
     OPENVLA_DATASET,
     OPENVLA_PAD_TOKEN_ID,
@@ -147,70 +153,34 @@ def llama_like_tokenizer_json() -> str:
     return tokenizer.to_str()
 
 
-def merged_text_config(config: dict[str, Any]) -> dict[str, Any]:
-    """``text_config`` completed with transformers' ``LlamaConfig`` defaults."""
-    from transformers import LlamaConfig
-
-    return LlamaConfig(**config['text_config']).to_dict()
-
-
-def _tower_shapes(tower: TowerSpec) -> dict[str, tuple[int, ...]]:
-    """timm names and shapes of one ViT tower (SigLIP with its attention-pool head)."""
-    d, m, p = tower.embed_dim, tower.mlp_hidden, tower.patch_size
-    shapes: dict[str, tuple[int, ...]] = {}
-    if tower.has_class_token:
-        shapes['cls_token'] = (1, 1, d)
-    if tower.num_registers:
-        shapes['reg_token'] = (1, tower.num_registers, d)
-    shapes['pos_embed'] = (1, tower.num_patches, d)
-    shapes.update({'patch_embed.proj.weight': (d, 3, p, p), 'patch_embed.proj.bias': (d,)})
-
-    def linear(name: str, n_out: int, n_in: int) -> None:
-        shapes.update({f'{name}.weight': (n_out, n_in), f'{name}.bias': (n_out,)})
-
-    def mlp(prefix: str) -> None:
-        linear(f'{prefix}mlp.fc1', m, d)
-        linear(f'{prefix}mlp.fc2', d, m)
-
-    for i in range(tower.depth):
-        block = f'blocks.{i}.'
-        shapes.update({f'{block}norm1.weight': (d,), f'{block}norm1.bias': (d,)})
-        linear(f'{block}attn.qkv', 3 * d, d)
-        linear(f'{block}attn.proj', d, d)
-        if tower.has_layer_scale:
-            shapes[f'{block}ls1.scale_factor'] = (d,)
-        shapes.update({f'{block}norm2.weight': (d,), f'{block}norm2.bias': (d,)})
-        mlp(block)
-        if tower.has_layer_scale:
-            shapes[f'{block}ls2.scale_factor'] = (d,)
-    shapes.update({'norm.weight': (d,), 'norm.bias': (d,)})
-    if tower.kind == 'siglip':  # timm's attention-pool head: unused by OpenVLA
-        shapes['attn_pool.latent'] = (1, 1, d)
-        linear('attn_pool.q', d, d)
-        linear('attn_pool.kv', 2 * d, d)
-        linear('attn_pool.proj', d, d)
-        shapes.update({'attn_pool.norm.weight': (d,), 'attn_pool.norm.bias': (d,)})
-        mlp('attn_pool.')
+def _attn_pool_shapes(tower: TowerSpec) -> dict[str, tuple[int, ...]]:
+    """timm's attention-pool head of a SigLIP tower: stored in OpenVLA folders, never used."""
+    d, m = tower.embed_dim, tower.mlp_hidden
+    shapes: dict[str, tuple[int, ...]] = {'attn_pool.latent': (1, 1, d)}
+    layers = (('q', d, d), ('kv', 2 * d, d), ('proj', d, d), ('mlp.fc1', m, d), ('mlp.fc2', d, m))
+    for name, n_out, n_in in layers:
+        shapes[f'attn_pool.{name}.weight'] = (n_out, n_in)
+        shapes[f'attn_pool.{name}.bias'] = (n_out,)
+    shapes.update({'attn_pool.norm.weight': (d,), 'attn_pool.norm.bias': (d,)})
     return shapes
 
 
-def _projector_shapes(vision: OpenVLAVisionSpec) -> dict[str, tuple[int, ...]]:
-    v, h = vision.feature_dim, vision.text_hidden_size
-    layers = [(4 * v, v), (h, 4 * v), (h, h)] if vision.fused else [(h, v), (h, h)]
-    shapes: dict[str, tuple[int, ...]] = {}
-    for i, (n_out, n_in) in enumerate(layers, start=1):
-        shapes.update({f'fc{i}.weight': (n_out, n_in), f'fc{i}.bias': (n_out,)})
+def _tower_shapes(tower: TowerSpec) -> dict[str, tuple[int, ...]]:
+    """timm names and shapes of one ViT tower as a folder stores it (SigLIP with its head)."""
+    shapes = timm_tower_shapes(tower)
+    if tower.kind == 'siglip':
+        shapes.update(_attn_pool_shapes(tower))
     return shapes
 
 
 def openvla_tensor_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
     """Every tensor name of an OpenVLA checkpoint with its shape, from its ``config.json``."""
-    decoder = DecoderSpec.from_hf_config(merged_text_config(config))
+    decoder = DecoderSpec.from_hf_config(openvla_text_config(config))
     vision = openvla_vision_spec(config, text_hidden_size=decoder.hidden_size)
     shapes: dict[str, tuple[int, ...]] = {}
     for name, shape in decoder_shapes(decoder).items():
         shapes[LANGUAGE_MODEL_HEAD if name == LM_HEAD else LANGUAGE_MODEL_PREFIX + name] = shape
-    shapes.update({PROJECTOR_PREFIX + n: s for n, s in _projector_shapes(vision).items()})
+    shapes.update({PROJECTOR_PREFIX + n: s for n, s in openvla_projector_shapes(vision).items()})
     for prefix, tower in zip(TOWER_PREFIXES, vision.towers, strict=False):
         shapes.update({prefix + n: s for n, s in _tower_shapes(tower).items()})
     return shapes
@@ -394,7 +364,7 @@ def write_openvla_checkpoint(
     _write_json(folder / CONFIG_FILE, config)
     if statistics_file:
         _write_json(folder / STATISTICS_FILE, stats)
-    text = merged_text_config(config)
+    text = openvla_text_config(config)
     vision = openvla_vision_spec(config, text_hidden_size=int(text['hidden_size']))
     _write_json(folder / PREPROCESSOR_FILE, _preprocessor_config(vision))
     _write_json(folder / 'generation_config.json', _generation_config())
