@@ -24,8 +24,8 @@ setup(
         'psutil>=5.9',
     ],
     extras_require={
-        'model': ['transformers>=5.20,<6', 'tokenizers>=0.20', 'pillow>=10'],
-        'triton': ['triton~=3.8.0'],
+        'model': ['transformers>=5.17,<6', 'tokenizers>=0.20', 'pillow>=10'],
+        'triton': ['triton>=3.6,<3.9'],
     },
     zip_safe=False,
 )

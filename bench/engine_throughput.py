@@ -28,9 +28,9 @@ import numpy as np
 
 from bench.scheduler_cost import StopWatch
 from vla_sched.ipc.messages import StepRequest, StepResult
-from vla_sched.ros.sim_robot import synthetic_frame
 from vla_sched.serving.core_factory import build_core
 from vla_sched.serving.engine_config import CORES, EngineConfig
+from vla_sched.synthetic_frames import synthetic_frame
 
 
 @dataclass(frozen=True, slots=True)

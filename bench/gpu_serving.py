@@ -41,10 +41,15 @@ from pathlib import Path
 os.environ.setdefault('HF_HUB_OFFLINE', '1')
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from typing import TYPE_CHECKING
+
 import torch
 
-from bench import control_loop, itl_jump, scheduler_cost
+from bench import scheduler_cost
 from bench.openvla_checkpoint import write_openvla_checkpoint
+
+if TYPE_CHECKING:  # loaded by the parts that use them (control_loop imports rclpy)
+    from bench import control_loop, itl_jump
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +88,8 @@ def make_plan(dry_run: bool) -> GpuPlan:
         )
     if not torch.cuda.is_available():
         raise SystemExit('no CUDA device: run with --dry-run on a CPU')
+    from bench import itl_jump
+
     return GpuPlan(
         device='cuda',
         shrink=False,
@@ -134,10 +141,13 @@ def _median_time(device: torch.device, fn, reps: int = 10) -> float:
 
 def measure_floor(folder: Path, device: torch.device, dtype: torch.dtype) -> Floor:
     """Copy bandwidth and matmul rate on ``device``, and the floor of one robot's step."""
-    from vla_sched.model.checkpoint_spec import CONFIG_FILE, read_checkpoint_spec, read_json
-    from vla_sched.model.openvla_writer import openvla_tensor_shapes
-    from vla_sched.model.weights import decoder_shapes
+    copy_bps, flops_per_s = measure_rates(device, dtype)
+    return step_floor(folder, dtype, copy_bps=copy_bps, flops_per_s=flops_per_s)
 
+
+def measure_rates(device: torch.device, dtype: torch.dtype) -> tuple[float, float]:
+    """Device-to-device copy bandwidth (bytes/s, reads + writes) and the ``dtype`` matmul
+    rate (FLOP/s) on ``device``, medians of 10."""
     num_bytes = (1 << 30) if device.type == 'cuda' else (64 << 20)
     src = torch.empty(num_bytes, dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
@@ -146,6 +156,15 @@ def measure_floor(folder: Path, device: torch.device, dtype: torch.dtype) -> Flo
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
     flops_per_s = 2 * n**3 / _median_time(device, lambda: torch.mm(a, b))
+    return copy_bps, flops_per_s
+
+
+def step_floor(folder: Path, dtype: torch.dtype, *, copy_bps: float, flops_per_s: float) -> Floor:
+    """The floor of one robot's step on the checkpoint in ``folder`` at the given rates."""
+    from vla_sched.model.checkpoint_spec import CONFIG_FILE, read_checkpoint_spec, read_json
+    from vla_sched.model.openvla_writer import openvla_tensor_shapes
+    from vla_sched.model.weights import decoder_shapes
+
     spec = read_checkpoint_spec(folder)
     element = torch.finfo(dtype).bits // 8
     shapes = decoder_shapes(spec.decoder)
@@ -183,6 +202,8 @@ def _quiet(fn, *args, **kwargs):
 
 def single_robot(plan: GpuPlan, folder: Path) -> itl_jump.JumpResult:
     """One robot sending steps back to back through the engine core's default scheduler."""
+    from bench import itl_jump
+
     argv = f'--robots 1 --period 0.001 --duration {plan.single_duration_s}'.split()
     argv += ['--variants', 'engine default', '--device', plan.device, '--model-path', str(folder)]
     (variant,) = itl_jump.make_variants(['engine default'], chunk=16, near_done=4)
@@ -201,6 +222,8 @@ def scheduler_costs(plan: GpuPlan, folder: Path) -> list[scheduler_cost.CostPoin
 
 
 def itl_jumps(plan: GpuPlan, folder: Path) -> list[itl_jump.JumpResult]:
+    from bench import itl_jump
+
     argv = f'--robots {plan.itl_robots} --period 0.1 --duration {plan.itl_duration_s}'.split()
     argv += ['--chunk', '64', '--device', plan.device, '--model-path', str(folder)]
     args = itl_jump.parse_args(argv)
@@ -213,6 +236,7 @@ def control_loops(plan: GpuPlan, folder: Path) -> list[control_loop.LoopPoint] |
         import rclpy  # noqa: F401
 
         import vla_sched.msg  # noqa: F401
+        from bench import control_loop
     except ImportError as exc:
         return f'skipped: {exc}'
     loop = control_loop.LoopPlan(
@@ -261,6 +285,8 @@ def floor_lines(
 
 
 def report(plan: GpuPlan, parts: dict, elapsed: dict[str, float]) -> str:
+    from bench import itl_jump
+
     lines = [f'# Serving on {plan.device} ({"dry run, tiny" if plan.shrink else "OpenVLA-7B"})']
     lines += ['', '## Floor and one robot', '']
     lines += floor_lines(parts['floor'], parts['single'], parts['cost'])
@@ -271,7 +297,12 @@ def report(plan: GpuPlan, parts: dict, elapsed: dict[str, float]) -> str:
     lines += [itl_jump.format_row(r) for r in parts['itl']]
     lines += ['', '## Control loop through ROS (10 Hz per robot)', '']
     loops = parts['loop']
-    lines.append(loops if isinstance(loops, str) else control_loop.markdown_tables(loops))
+    if isinstance(loops, str):
+        lines.append(loops)
+    else:
+        from bench import control_loop
+
+        lines.append(control_loop.markdown_tables(loops))
     if not isinstance(loops, str):
         target = [p for p in loops if p.system == 'vla_sched' and p.num_robots == 16]
         if target:

@@ -43,9 +43,9 @@ from vla_sched.engine.scheduling.request import FinishKind, Req
 from vla_sched.engine.scheduling.scheduler_config import PrefillDelayerConfig, SchedulerConfig
 from vla_sched.engine.sim_runner import StepRecord
 from vla_sched.ipc.messages import StepRequest
-from vla_sched.ros.sim_robot import synthetic_frame
 from vla_sched.serving.engine_config import EngineConfig
 from vla_sched.serving.scheduled_core import ScheduledCore
+from vla_sched.synthetic_frames import synthetic_frame
 
 VARIANTS = ('sglang', 'delayer', 'chunked', 'delayer+chunked', 'engine default')
 

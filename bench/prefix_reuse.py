@@ -28,9 +28,9 @@ import numpy as np
 
 from vla_sched.ipc.messages import StepRequest, StepResult
 from vla_sched.model.openvla_writer import write_openvla_checkpoint
-from vla_sched.ros.sim_robot import synthetic_frame
 from vla_sched.serving.engine_config import EngineConfig
 from vla_sched.serving.scheduled_core import ScheduledCore
+from vla_sched.synthetic_frames import synthetic_frame
 
 INSTRUCTIONS = ('pick up the red block', 'open the top drawer')
 

@@ -31,7 +31,8 @@ from std_msgs.msg import String
 
 from vla_sched.msg import ActionChunk, StepRejected
 from vla_sched.ros.conversions import rgb_to_image, stamp_to_ns
-from vla_sched.ros.sim_robot import DEFAULT_JOINTS, SimRobotLog, joint_state, synthetic_frame
+from vla_sched.ros.sim_robot import DEFAULT_JOINTS, SimRobotLog, joint_state
+from vla_sched.synthetic_frames import synthetic_frame
 
 STAGES = ('queue', 'prefill', 'decode', 'total')
 

@@ -3,7 +3,8 @@
     ros2 launch vla_sched sim_robots.launch.py num_sim_robots:=4 namespace:=fleet
 
 Their ids must be among the node's ``robot_ids`` (config/vla_sched.yaml lists robot_0 ..
-robot_3). vla_sched.launch.py and vla_sched.launch.xml include this file.
+robot_3). The arguments are checked (vla_sched.ros.launch_args) before any robot starts.
+vla_sched.launch.py starts the same robots itself, after checking all of its arguments.
 """
 
 from launch import LaunchDescription
@@ -11,27 +12,26 @@ from launch.actions import DeclareLaunchArgument, OpaqueFunction
 from launch.substitutions import LaunchConfiguration
 from launch_ros.actions import Node
 
+from vla_sched.ros.launch_args import check_launch_arguments, sim_robots
 
-def _sim_robots(context):
-    count = int(LaunchConfiguration('num_sim_robots').perform(context))
-    if count < 0:
-        raise ValueError(f'num_sim_robots must be >= 0, got {count}')
-    namespace = LaunchConfiguration('namespace').perform(context).strip('/')
-    rate = LaunchConfiguration('sim_rate').perform(context)
-    robots = []
-    for index in range(count):
-        robot_id = f'robot_{index}'
-        robots.append(
-            Node(
-                package='vla_sched',
-                executable='vla_sim_robot',
-                name=f'sim_{robot_id}',
-                namespace=f'/{namespace}/{robot_id}' if namespace else f'/{robot_id}',
-                arguments=['--robot-id', robot_id, '--rate', rate, '--report-period', '5'],
-                output='screen',
-            )
+
+def _sim_robots(context) -> list:
+    """The robot processes, returned only once the arguments passed their check."""
+    names = ('num_sim_robots', 'namespace', 'sim_rate')
+    args = check_launch_arguments(
+        {name: LaunchConfiguration(name).perform(context) for name in names}
+    )
+    return [
+        Node(
+            package='vla_sched',
+            executable='vla_sim_robot',
+            name=robot.node_name,
+            namespace=robot.namespace,
+            arguments=list(robot.arguments),
+            output='screen',
         )
-    return robots
+        for robot in sim_robots(args)
+    ]
 
 
 def generate_launch_description():

@@ -4,16 +4,18 @@
     ros2 launch vla_sched vla_sched.launch.py num_sim_robots:=4 start_aggregator:=true
     ros2 launch vla_sched vla_sched.launch.py params_file:=/path/to/params.yaml namespace:=gpu0
 
-vla_sched.launch.xml does the same.
+Every argument is checked (vla_sched.ros.launch_args) before any process starts: a bad one
+ends the launch with a message naming it, and nothing is left running. vla_sched.launch.xml
+includes this file.
 """
 
 from launch import LaunchDescription
-from launch.actions import DeclareLaunchArgument, IncludeLaunchDescription
-from launch.conditions import IfCondition
-from launch.launch_description_sources import PythonLaunchDescriptionSource
+from launch.actions import DeclareLaunchArgument, OpaqueFunction
 from launch.substitutions import LaunchConfiguration, PathJoinSubstitution
 from launch_ros.actions import Node
 from launch_ros.substitutions import FindPackageShare
+
+from vla_sched.ros.launch_args import check_launch_arguments, sim_robots
 
 
 def _arguments(share) -> list:
@@ -45,33 +47,46 @@ def _arguments(share) -> list:
     ]
 
 
+def _bring_up(context) -> list:
+    """The processes, returned only once every argument passed its check."""
+    names = ('params_file', 'namespace', 'num_sim_robots', 'sim_rate', 'start_aggregator')
+    values = {name: LaunchConfiguration(name).perform(context) for name in names}
+    values['analyzers_file'] = LaunchConfiguration('analyzers_file').perform(context)
+    args = check_launch_arguments(values)
+    actions = [
+        Node(
+            package='vla_sched',
+            executable='vla_sched_node',
+            name='vla_sched',
+            namespace=args.namespace,
+            parameters=[str(args.params_file)],
+            output='screen',
+        )
+    ]
+    if args.start_aggregator:
+        actions.append(
+            Node(
+                package='diagnostic_aggregator',
+                executable='aggregator_node',
+                name='analyzers',
+                parameters=[str(args.analyzers_file)],
+                output='screen',
+            )
+        )
+    for robot in sim_robots(args):
+        actions.append(
+            Node(
+                package='vla_sched',
+                executable='vla_sim_robot',
+                name=robot.node_name,
+                namespace=robot.namespace,
+                arguments=list(robot.arguments),
+                output='screen',
+            )
+        )
+    return actions
+
+
 def generate_launch_description():
     share = FindPackageShare('vla_sched')
-    namespace = LaunchConfiguration('namespace')
-    node = Node(
-        package='vla_sched',
-        executable='vla_sched_node',
-        name='vla_sched',
-        namespace=namespace,
-        parameters=[LaunchConfiguration('params_file')],
-        output='screen',
-    )
-    aggregator = Node(
-        package='diagnostic_aggregator',
-        executable='aggregator_node',
-        name='analyzers',
-        parameters=[LaunchConfiguration('analyzers_file')],
-        condition=IfCondition(LaunchConfiguration('start_aggregator')),
-        output='screen',
-    )
-    sim_robots = IncludeLaunchDescription(
-        PythonLaunchDescriptionSource(
-            PathJoinSubstitution([share, 'launch', 'sim_robots.launch.py'])
-        ),
-        launch_arguments={
-            'num_sim_robots': LaunchConfiguration('num_sim_robots'),
-            'namespace': namespace,
-            'sim_rate': LaunchConfiguration('sim_rate'),
-        }.items(),
-    )
-    return LaunchDescription([*_arguments(share), node, aggregator, sim_robots])
+    return LaunchDescription([*_arguments(share), OpaqueFunction(function=_bring_up)])

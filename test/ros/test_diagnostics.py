@@ -1,4 +1,4 @@
-"""/diagnostics statuses: names, keys, levels and hardware ids, without a node."""
+"""/diagnostics statuses: names, keys, levels, values and hardware ids, without a node."""
 
 from __future__ import annotations
 
@@ -12,8 +12,11 @@ from vla_sched.ros import diagnostics as d
 from vla_sched.ros.engine_link import DEAD, READY, STARTING, EngineView
 from vla_sched.ros.node_config import DiagnosticsConfig
 from vla_sched.ros.robot_slot import RobotView
+from vla_sched.ros.text_bounds import MAX_VALUE_CHARS
 
 CFG = DiagnosticsConfig(queue_warn_threshold=4, rate_warn_fraction=0.8, silent_robot_s=3.0)
+NODE = '/gpu0/vla_sched'
+NAN = float('nan')
 
 
 def _stats(**overrides) -> EngineStats:
@@ -59,6 +62,8 @@ def _engine(state: str = READY, **overrides) -> EngineView:
         heartbeat_age_s=0.1,
         state_age_s=2.0,
         num_restarts=0,
+        since_restart_s=NAN,
+        uptime_s=2.0,
         last_error='',
         restart_in_s=None,
         stats=_stats(),
@@ -71,8 +76,10 @@ def _engine(state: str = READY, **overrides) -> EngineView:
 def _robot(**overrides) -> RobotView:
     fields = dict(
         robot_id='r1',
+        window_s=5.0,
         target_rate_hz=10.0,
         action_rate_hz=9.5,
+        image_rate_hz=10.0,
         rate_judged=True,
         stamp_to_publish_ms_p50=40.0,
         stamp_to_publish_ms_p99=80.0,
@@ -82,6 +89,8 @@ def _robot(**overrides) -> RobotView:
         num_refused_window=0,
         refused_by_reason={'deadline_missed': 1},
         last_error='',
+        last_error_age_s=NAN,
+        since_last_chunk_s=0.05,
         silent_s=0.1,
         seen_image=True,
     )
@@ -89,129 +98,239 @@ def _robot(**overrides) -> RobotView:
     return RobotView(**fields)
 
 
+ROBOT_KEYS = d.robot_keys(5.0)
+
+
+def _sched(view: EngineView, **kwargs) -> d.StatusData:
+    return d.scheduler_data(view, CFG, node_name=NODE, **kwargs)
+
+
+def _rob(view: RobotView, stats: RobotStats | None = None) -> d.StatusData:
+    return d.robot_data(view, stats, CFG, node_name=NODE)
+
+
 def test_healthy_scheduler_is_ok_with_every_key_in_order():
-    data = d.scheduler_data(_engine(), CFG, hardware_id='/vla_sched')
-    assert data.name == 'vla_sched: scheduler' and data.level == d.OK
-    assert data.hardware_id == '/vla_sched'
+    data = _sched(_engine())
+    assert data.name == '/gpu0/vla_sched: scheduler' and data.level == d.OK
+    assert data.hardware_id == NODE
     values = dict(data.values)
     assert [k for k, _ in data.values] == list(d.SCHEDULER_KEYS)
     assert values['waiting queue depth'] == '2'
     assert values['running batch size'] == '3'
     assert values['chunked request'] == 'robot_1#7'
-    assert values['retracts total'] == '5' and values['retracts in window'] == '0'
-    assert values['aborts by reason'] == 'deadline_missed=1, kv_pool_full=2'
+    assert values['retracts total'] == '5' and values['retracts in last 10 s'] == '0'
     assert values['delayed prefills'] == '4'
     assert values['KV pool use (%)'] == '37.5'
-    assert values['radix cache hit rate'] == '0.625'
-    assert values['engine step latency (arrival to finish) p50 (ms)'] == '11.00'
-    assert values['engine step latency (arrival to finish) p99 (ms)'] == '19.50'
-    assert values['inter-token latency p50 (ms)'] == '3.25'
-    assert values['inter-token latency p99 (ms)'] == '7.75'
+    assert values['radix cache hit rate (%)'] == '62.5'
+    assert values[d.STEP_LATENCY_P50_KEY] == '11.00'
+    assert values[d.STEP_LATENCY_P99_KEY] == '19.50'
+    assert values[d.ITL_P50_KEY] == '3.25' and values[d.ITL_P99_KEY] == '7.75'
     assert values['engine heartbeat age (s)'] == '0.10'
     assert values['engine pid'] == '4242'
     assert 'random weights' in values['model']
+    assert values['engine restarts'] == '0' and values['engine uptime (s)'] == '2.0'
+    assert values['time since last engine restart (s)'] == 'n/a'
+    assert values['engine last error'] == 'n/a'
+
+
+def test_every_value_is_one_number_or_one_word():
+    robots = [_robot(refused_by_reason={'deadline_missed': 6, 'engine_unavailable': 181})]
+    values = [*_sched(_engine(), robots=robots).values, *_rob(robots[0], _robot_stats()).values]
+    free_text = {'model', 'prompt layout', 'chunked request', 'engine last error', 'last error'}
+    for key, value in values:
+        if key not in free_text:
+            assert ' ' not in value and '=' not in value and ',' not in value, (key, value)
+        assert value not in ('', 'none', 'never'), (key, value)
+
+
+def test_counts_by_reason_get_one_key_each():
+    values = dict(_sched(_engine()).values)
+    assert values['aborts: kv_pool_full'] == '2' and values['aborts: deadline_missed'] == '1'
+    assert values['aborts: superseded'] == '0'
+    view = _robot(refused_by_reason={'deadline_missed': 6, 'engine_unavailable': 181})
+    values = dict(_rob(view).values)
+    assert values['refused: deadline_missed'] == '6'
+    assert values['refused: engine_unavailable'] == '181'
+    assert values['refused: malformed_image'] == '0'
+
+
+def test_a_reason_this_version_does_not_know_still_gets_its_key():
+    data = _rob(_robot(refused_by_reason={'brand_new': 2}))
+    keys = [k for k, _ in data.values]
+    assert dict(data.values)['refused: brand_new'] == '2'
+    assert keys.index('refused: brand_new') == keys.index('refused in last 5 s') - 1
+
+
+def test_windows_and_units_are_in_the_keys():
+    keys = ROBOT_KEYS
+    assert 'action rate over 5 s (Hz)' in keys and 'image input rate over 5 s (Hz)' in keys
+    assert 'refused in last 5 s' in keys
+    assert d.E2E_P99_KEY == 'latency (image stamp to publish) p99 over last 256 chunks (ms)'
+    assert d.robot_keys(2.5)[0] == 'action rate over 2.5 s (Hz)'
+    for key in (*d.SCHEDULER_KEYS, *keys):
+        if {'rate', 'latency', 'time', 'age', 'uptime'} & set(key.split()):
+            assert key.endswith(('(Hz)', '(ms)', '(s)', '(%)')), key
+
+
+def test_the_stated_engine_windows_are_the_engines():
+    from vla_sched.engine.scheduling.scheduler_config import SchedulerConfig
+
+    config = SchedulerConfig()
+    assert config.latency_window_size == d.ENGINE_LATENCY_WINDOW
+    assert config.retract_window_ms == d.ENGINE_RETRACT_WINDOW_S * 1000
 
 
 def test_retracts_in_the_window_turn_the_scheduler_warn():
-    data = d.scheduler_data(_engine(stats=_stats(num_retracts_window=2)), CFG, hardware_id='x')
-    assert data.level == d.WARN and '2 retracts' in data.message
+    data = _sched(_engine(stats=_stats(num_retracts_window=2)))
+    assert data.level == d.WARN and data.message.startswith('KV pool full: 2 retracts')
 
 
 def test_a_queue_above_its_threshold_turns_the_scheduler_warn():
-    data = d.scheduler_data(_engine(stats=_stats(num_waiting=5)), CFG, hardware_id='x')
+    data = _sched(_engine(stats=_stats(num_waiting=5)))
     assert data.level == d.WARN and '5 steps waiting' in data.message
-    data = d.scheduler_data(_engine(stats=_stats(num_waiting=4)), CFG, hardware_id='x')
-    assert data.level == d.OK
+    assert _sched(_engine(stats=_stats(num_waiting=4))).level == d.OK
 
 
 def test_dead_engine_is_error_and_reports_no_stale_statistics():
-    view = _engine(DEAD, last_error='no heartbeat for 1.02 s', restart_in_s=0.5)
-    data = d.scheduler_data(view, CFG, hardware_id='x')
+    view = _engine(DEAD, last_error='no heartbeat for 1.02 s', restart_in_s=0.5, uptime_s=NAN)
+    data = _sched(view)
     assert data.level == d.ERROR
-    assert 'no heartbeat for 1.02 s' in data.message and 'restart in 0.5 s' in data.message
+    assert data.message == 'engine dead: no heartbeat for 1.02 s; restart in 0.5 s'
     values = dict(data.values)
-    assert values['engine state'] == 'dead'
+    assert values['engine state'] == 'dead' and values['engine uptime (s)'] == 'n/a'
     assert values['waiting queue depth'] == 'n/a' and values['stats age (s)'] == 'n/a'
     assert [k for k, _ in data.values] == list(d.SCHEDULER_KEYS)
 
 
 def test_starting_engine_is_warn():
-    data = d.scheduler_data(_engine(STARTING, stats=None), CFG, hardware_id='x')
-    assert data.level == d.WARN and 'starting' in data.message
+    data = _sched(_engine(STARTING, stats=None, uptime_s=NAN))
+    assert data.level == d.WARN and data.message.startswith('engine starting')
 
 
-def test_healthy_robot_is_ok_with_every_key_and_its_id_as_hardware_id():
-    data = d.robot_data(_robot(), _robot_stats(), CFG)
-    assert data.name == 'vla_sched: robot r1' and data.hardware_id == 'r1'
-    assert data.level == d.OK
-    assert [k for k, _ in data.values] == list(d.ROBOT_KEYS)
+def test_after_a_crash_the_scheduler_stays_warn_for_a_window_and_shows_when():
+    crashed = dict(num_restarts=1, since_restart_s=3.0, last_error='process exited (-9)')
+    data = _sched(_engine(STARTING, stats=None, uptime_s=NAN, **crashed))
+    assert data.level == d.WARN and 'after a crash: process exited (-9)' in data.message
+    data = _sched(_engine(uptime_s=1.5, **crashed))
+    assert data.level == d.WARN
+    assert data.message.startswith('engine back for 1.5 s after a crash: process exited')
     values = dict(data.values)
-    assert values['action rate (Hz)'] == '9.50' and values['target rate (Hz)'] == '10.00'
-    assert values['latency (image stamp to publish) p50 (ms)'] == '40.0'
-    assert values['latency (image stamp to publish) p99 (ms)'] == '80.0'
+    assert values['time since last engine restart (s)'] == '3.0'
+    assert values['engine uptime (s)'] == '1.5' and values['engine restarts'] == '1'
+    assert _sched(_engine(uptime_s=CFG.window_s, **crashed)).level == d.OK
+
+
+def test_the_worst_robot_is_named_with_its_latency_and_misses():
+    stats = _stats(robots={'r1': _robot_stats(), 'r2': RobotStats(itl_ms_p99=30.0)})
+    robots = [_robot(robot_id='r1'), _robot(robot_id='r2', num_deadline_misses=9)]
+    values = dict(_sched(_engine(stats=stats), robots=robots).values)
+    assert values['worst robot'] == 'r2'
+    assert values['worst robot inter-token latency p99 (ms)'] == '30.00'
+    assert values['worst robot deadline misses'] == '9'
+    values = dict(_sched(_engine(stats=_stats(robots={}))).values)
+    assert values['worst robot'] == 'n/a'
+
+
+def test_healthy_robot_is_ok_with_every_key_and_a_unique_hardware_id():
+    data = _rob(_robot(), _robot_stats())
+    assert data.name == '/gpu0/vla_sched: robot r1' and data.hardware_id == '/gpu0/vla_sched/r1'
+    assert data.level == d.OK
+    assert [k for k, _ in data.values] == list(ROBOT_KEYS)
+    values = dict(data.values)
+    assert values['action rate over 5 s (Hz)'] == '9.50' and values['target rate (Hz)'] == '10.00'
+    assert values['image input rate over 5 s (Hz)'] == '10.00'
+    assert values['time since last chunk (s)'] == '0.05'
+    assert values[d.E2E_P50_KEY] == '40.0' and values[d.E2E_P99_KEY] == '80.0'
     assert values['deadline misses'] == '1' and values['superseded observations'] == '7'
     # what only the engine knows about the robot
     assert values['cached session prefix tokens'] == '40' and values['retracts'] == '3'
-    assert values['engine time to first token (arrival to first token) p50 (ms)'] == '21.50'
-    assert values['inter-token latency p50 (ms)'] == '2.25'
-    assert values['inter-token latency p99 (ms)'] == '6.50'
-    assert values['last error'] == 'none'
+    assert values[d.TTFT_P50_KEY] == '21.50'
+    assert values[d.ITL_P50_KEY] == '2.25' and values[d.ITL_P99_KEY] == '6.50'
+    assert values['last error'] == 'n/a' and values['time since last error (s)'] == 'n/a'
 
 
 def test_silent_robot_is_error():
-    data = d.robot_data(_robot(silent_s=3.5), None, CFG)
-    assert data.level == d.ERROR and 'no image for 3.5 s' in data.message
-    data = d.robot_data(_robot(silent_s=4.0, seen_image=False, num_chunks=0), None, CFG)
-    assert data.level == d.ERROR and 'since start-up' in data.message
-    assert dict(data.values)['seconds since last image'] == 'never'
+    data = _rob(_robot(silent_s=3.5))
+    assert data.level == d.ERROR and data.message == 'silent: no image for 3.5 s'
+
+
+def test_a_robot_that_never_sent_an_image_is_stale_not_error():
+    data = _rob(_robot(silent_s=40.0, seen_image=False, num_chunks=0))
+    assert data.level == d.STALE and data.message.startswith('waiting for first image')
+    assert dict(data.values)['time since last image (s)'] == 'n/a'
 
 
 def test_rate_below_target_is_warn_only_once_judged():
     slow = _robot(action_rate_hz=7.9)
-    assert d.robot_data(slow, None, CFG).level == d.WARN
-    assert d.robot_data(dataclasses.replace(slow, rate_judged=False), None, CFG).level == d.OK
-    assert d.robot_data(_robot(action_rate_hz=8.0), None, CFG).level == d.OK
+    assert _rob(slow).level == d.WARN
+    assert _rob(dataclasses.replace(slow, rate_judged=False)).level == d.OK
+    assert _rob(_robot(action_rate_hz=8.0)).level == d.OK
 
 
-def test_recent_refusal_is_warn_with_the_last_error():
-    view = _robot(num_refused_window=2, last_error="malformed_image: encoding '16UC1'")
-    data = d.robot_data(view, None, CFG)
-    assert data.level == d.WARN and "encoding '16UC1'" in data.message
-    assert dict(data.values)['last error'] == "malformed_image: encoding '16UC1'"
+def test_a_slow_camera_and_a_slow_node_read_differently():
+    camera = _rob(_robot(action_rate_hz=2.0, image_rate_hz=2.0))
+    node = _rob(_robot(action_rate_hz=3.0, image_rate_hz=10.0, since_last_chunk_s=0.9))
+    assert camera.message.startswith('camera too slow: actions 2.00 Hz, images 2.00 Hz')
+    assert node.message.startswith('node too slow: actions 3.00 Hz, images 10.00 Hz')
+    assert 'last chunk 0.9 s ago' in node.message
+
+
+def test_recent_refusal_is_warn_with_the_cause_first():
+    view = _robot(
+        num_refused_window=8, last_error="malformed_image: encoding '16UC1'", last_error_age_s=1.25
+    )
+    data = _rob(view)
+    assert data.level == d.WARN
+    assert data.message == "malformed_image: encoding '16UC1' (8 refused in the last 5 s)"
+    values = dict(data.values)
+    assert values['last error'] == "malformed_image: encoding '16UC1'"
+    assert values['time since last error (s)'] == '1.25'
+
+
+def test_an_over_long_error_is_bounded_in_the_values_and_the_message():
+    error = 'invalid_state: joint_states lacks configured joints; it has unknown joints '
+    error += str([f'joint_{i}' for i in range(10_000)])
+    data = _rob(_robot(num_refused_window=1, last_error=error, last_error_age_s=0.1))
+    values = dict(data.values)
+    assert len(values['last error']) <= MAX_VALUE_CHARS and 'chars in all' in values['last error']
+    assert values['last error'].startswith('invalid_state: joint_states lacks')
+    assert len(data.message) <= MAX_VALUE_CHARS
+    msg = d.to_message(data)
+    assert sum(len(kv.key) + len(kv.value) for kv in msg.values) < 10_000
 
 
 def test_diagnostic_array_holds_the_scheduler_then_each_robot():
     robots = [_robot(robot_id='r1'), _robot(robot_id='r2', silent_s=9.0)]
-    msg = d.diagnostic_array(_engine(), robots, CFG, stamp=Time(sec=5), hardware_id='/n')
-    assert [s.name for s in msg.status] == d.status_names(['r1', 'r2'])
+    msg = d.diagnostic_array(_engine(), robots, CFG, stamp=Time(sec=5), node_name=NODE)
+    assert [s.name for s in msg.status] == d.status_names(NODE, ['r1', 'r2'])
     assert [s.level for s in msg.status] == [b'\x00', b'\x00', b'\x02']
     assert msg.header.stamp.sec == 5
-    assert all(s.hardware_id for s in msg.status)
+    assert len({s.hardware_id for s in msg.status}) == 3
     # the engine's per-robot counters reach the robot they belong to
     r1 = {kv.key: kv.value for kv in msg.status[1].values}
     r2 = {kv.key: kv.value for kv in msg.status[2].values}
     assert (r1['retracts'], r2['retracts']) == ('3', 'n/a')
-    assert (r1['inter-token latency p99 (ms)'], r2['inter-token latency p99 (ms)']) == (
-        '6.50',
-        'n/a',
-    )
+    assert (r1[d.ITL_P99_KEY], r2[d.ITL_P99_KEY]) == ('6.50', 'n/a')
 
 
 def test_without_engine_stats_a_robots_engine_numbers_are_unknown():
-    data = d.robot_data(_robot(), None, CFG)
-    assert [k for k, _ in data.values] == list(d.ROBOT_KEYS)
+    data = _rob(_robot())
+    assert [k for k, _ in data.values] == list(ROBOT_KEYS)
     values = dict(data.values)
     assert all(values[key] == 'n/a' for key in d.ENGINE_ROBOT_KEYS)
-    assert values['latency (image stamp to publish) p99 (ms)'] == '80.0'
+    assert values[d.E2E_P99_KEY] == '80.0'
 
 
-@pytest.mark.parametrize('robot_id', ['robot_0', 'arm_left', 'R2'])
-def test_robot_status_names_follow_the_documented_pattern(robot_id):
-    assert d.robot_status_name(robot_id) == f'vla_sched: robot {robot_id}'
+@pytest.mark.parametrize('node', ['/vla_sched', '/gpu0/vla_sched'])
+@pytest.mark.parametrize('robot_id', ['robot_0', 'arm_left', 'R2', 'scheduler'])
+def test_status_names_carry_the_node_and_the_robot(node, robot_id):
+    assert d.robot_status_name(node, robot_id) == f'{node}: robot {robot_id}'
+    assert d.is_scheduler_status(d.scheduler_status_name(node))
+    assert not d.is_scheduler_status(d.robot_status_name(node, robot_id))
 
 
 def test_scheduler_status_says_what_the_prompt_layout_lets_the_cache_share():
-    values = dict(d.scheduler_data(_engine(), CFG, hardware_id='x').values)
+    values = dict(_sched(_engine()).values)
     assert values['prompt layout'] == 'image first: frames share only BOS'
-    values = dict(d.scheduler_data(_engine(prompt_layout=''), CFG, hardware_id='x').values)
+    values = dict(_sched(_engine(prompt_layout='')).values)
     assert values['prompt layout'] == 'n/a'

@@ -1,7 +1,9 @@
-"""The launch files parse, agree with each other, and name only installed things.
+"""The launch files parse, agree with each other, name only installed things, and check
+their arguments before any process starts.
 
 launch_ros is not installable here, so the XML file is parsed and the Python files are read
-with ``ast``. What the package installs is read from CMakeLists.txt's install rules:
+with ``ast``; the argument check itself is tested in test_launch_args.py. What the package
+installs is read from CMakeLists.txt's install rules:
 ``nodes/*`` to ``lib/vla_sched`` and the ``launch`` and ``config`` folders to
 ``share/vla_sched``.
 """
@@ -15,6 +17,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+
+from vla_sched.ros.launch_args import check_launch_arguments, sim_robots
 
 ROOT = Path(__file__).resolve().parents[2]
 LAUNCH = ROOT / 'launch'
@@ -106,16 +110,15 @@ def test_xml_and_python_launch_files_declare_the_same_arguments_and_defaults():
             assert xml_args[name] == default, name
 
 
-def test_xml_names_installed_executables_and_files():
+def test_the_xml_file_includes_the_python_file_passing_every_argument():
     root = ET.parse(XML_FILE).getroot()
     share = installed_share()
-    executables = installed_executables()
-    nodes = {el.get('exec'): el for el in root.iter('node')}
-    assert nodes['vla_sched_node'].get('pkg') == 'vla_sched'
-    assert 'vla_sched_node' in executables
-    assert nodes['vla_sched_node'].find('param').get('from') == '$(var params_file)'
-    assert nodes['aggregator_node'].get('pkg') == 'diagnostic_aggregator'
-    assert nodes['aggregator_node'].get('if') == '$(var start_aggregator)'
+    assert root.findall('node') == []  # its processes start only after the Python checks
+    (include,) = root.findall('include')
+    assert _share_path(include.get('file')) == 'launch/vla_sched.launch.py'
+    passed = {el.get('name'): el.get('value') for el in include.findall('arg')}
+    declared = {el.get('name') for el in root.findall('arg')}
+    assert passed == {name: f'$(var {name})' for name in declared}
     defaults = [el.get('default') or '' for el in root.iter('arg')]
     paths = [p for p in defaults if p.startswith('$(find-pkg-share')]
     paths += [el.get('file') for el in root.iter('include')]
@@ -134,34 +137,51 @@ def test_python_launch_files_name_installed_executables_and_files(path):
     compile(path.read_text(), str(path), 'exec')
 
 
+def _function(path: Path, name: str) -> ast.FunctionDef:
+    tree = ast.parse(path.read_text())
+    return next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == name)
+
+
+@pytest.mark.parametrize(('path', 'opaque'), [(PY_FILE, '_bring_up'), (SIM_FILE, '_sim_robots')])
+def test_python_launch_files_check_their_arguments_before_any_node(path, opaque):
+    generate = _function(path, 'generate_launch_description')
+    calls = [n for n in ast.walk(generate) if isinstance(n, ast.Call)]
+    top_calls = {getattr(n.func, 'id', None) for n in calls}
+    assert 'Node' not in top_calls and 'IncludeLaunchDescription' not in top_calls
+    assert 'OpaqueFunction' in top_calls
+    body = _function(path, opaque).body
+    statements = [ast.unparse(stmt) for stmt in body]
+    check = next(i for i, text in enumerate(statements) if 'check_launch_arguments(' in text)
+    first_node = next(i for i, text in enumerate(statements) if 'Node(' in text)
+    assert check < first_node
+
+
 def test_the_python_launch_file_starts_the_node_with_the_params_file_and_namespace():
     calls = {_kwargs(c)['executable'].value: _kwargs(c) for c in _py_calls(PY_FILE, 'Node')}
     node = calls['vla_sched_node']
     assert node['name'].value == 'vla_sched'
-    assert [ast.unparse(e) for e in node['parameters'].elts] == [
-        "LaunchConfiguration('params_file')"
-    ]
-    assert node['namespace'].id == 'namespace'
-    assert 'condition' in calls['aggregator_node']
+    assert [ast.unparse(e) for e in node['parameters'].elts] == ['str(args.params_file)']
+    assert ast.unparse(node['namespace']) == 'args.namespace'
+    assert ast.unparse(calls['aggregator_node']['parameters']) == '[str(args.analyzers_file)]'
+    assert 'if args.start_aggregator:' in ast.unparse(_function(PY_FILE, '_bring_up'))
     assert _py_share_paths(PY_FILE) == {
         'config/vla_sched.yaml',
         'config/diagnostics_analyzers.yaml',
-        'launch/sim_robots.launch.py',
     }
 
 
-def test_parameter_files_are_keyed_by_the_names_the_launch_files_give_the_nodes():
-    root = ET.parse(XML_FILE).getroot()
-    names = {el.get('exec'): el.get('name') for el in root.iter('node')}
+def test_parameter_files_are_keyed_for_the_nodes_the_launch_files_start():
+    calls = {_kwargs(c)['executable'].value: _kwargs(c) for c in _py_calls(PY_FILE, 'Node')}
     params = yaml.safe_load((ROOT / 'config' / 'vla_sched.yaml').read_text())
     analyzers = yaml.safe_load((ROOT / 'config' / 'diagnostics_analyzers.yaml').read_text())
-    assert set(params) == {names['vla_sched_node']}
-    assert set(analyzers) == {names['aggregator_node']}  # the aggregator's node name
+    assert set(params) == {'/**'}  # any namespace and node name
+    assert set(analyzers) == {calls['aggregator_node']['name'].value}
 
 
 def test_simulated_robot_ids_are_the_ones_the_default_params_file_serves():
-    source = SIM_FILE.read_text()
-    assert "robot_id = f'robot_{index}'" in source
     params = yaml.safe_load((ROOT / 'config' / 'vla_sched.yaml').read_text())
-    robot_ids = params['vla_sched']['ros__parameters']['robot_ids']
-    assert robot_ids == [f'robot_{i}' for i in range(len(robot_ids))]
+    robot_ids = params['/**']['ros__parameters']['robot_ids']
+    args = check_launch_arguments({'num_sim_robots': str(len(robot_ids)), 'namespace': 'gpu0'})
+    robots = sim_robots(args)
+    assert [r.robot_id for r in robots] == robot_ids
+    assert [r.namespace for r in robots] == [f'/gpu0/{rid}' for rid in robot_ids]

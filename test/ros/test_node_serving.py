@@ -20,13 +20,14 @@ from std_msgs.msg import String
 
 from vla_sched.msg import ActionChunk, StepRejected
 from vla_sched.ros.conversions import ns_to_stamp, stamp_to_ns
-from vla_sched.ros.diagnostics import ROBOT_KEYS, SCHEDULER_KEYS, status_names
+from vla_sched.ros.diagnostics import SCHEDULER_KEYS, robot_keys, status_names
 
 pytestmark = [pytest.mark.ros, pytest.mark.slow]
 
 ROBOTS = ['robot_0', 'robot_1', 'robot_2', 'robot_3']
 BUDGET_S = 10.0  # generous: the CPU model is slow and these tests are not about deadlines
-SCHEDULER = 'vla_sched: scheduler'
+NODE = '/vla_sched'
+SCHEDULER = f'{NODE}: scheduler'
 TRAJECTORY_JOINTS = [f'j{i}' for i in range(7)]
 
 
@@ -144,7 +145,7 @@ def test_diagnostics_carry_the_scheduler_and_robot_statuses_with_their_keys(serv
     after = harness.diagnostics[-1][0] if harness.diagnostics else 0
     assert harness.spin_until(lambda: harness.diagnostics[-1][0] > after, 5)
     array = harness.diagnostics[-1][1]
-    assert [s.name for s in array.status] == status_names(ROBOTS)
+    assert [s.name for s in array.status] == status_names(NODE, ROBOTS)
     scheduler = array.status[0]
     assert [kv.key for kv in scheduler.values] == list(SCHEDULER_KEYS)
     values = values_of(scheduler)
@@ -154,8 +155,8 @@ def test_diagnostics_carry_the_scheduler_and_robot_statuses_with_their_keys(serv
     assert 0.0 <= float(values['KV pool use (%)']) <= 100.0
     assert level_of(scheduler) in (0, 1) and scheduler.hardware_id
     for rid, status in zip(ROBOTS, array.status[1:], strict=True):
-        assert [kv.key for kv in status.values] == list(ROBOT_KEYS)
-        assert status.hardware_id == rid
+        assert [kv.key for kv in status.values] == list(robot_keys(5.0))
+        assert status.hardware_id == f'{NODE}/{rid}'
         assert int(values_of(status)['chunks published']) >= 3
         assert float(values_of(status)['target rate (Hz)']) == pytest.approx(4.0)
 
@@ -191,6 +192,9 @@ def test_malformed_inputs_are_refused_for_that_robot_while_others_keep_going(ser
          "non-finite positions for ['gripper']"),
         (lambda: harness.publish_joints(bad, names=['elbow', 'wrist'], positions=[0, 0]), 2,
          'lacks configured joints'),
+        (lambda: harness.publish_frame(bad, stamp_ns=_now() + 3600 * 10**9), 1,
+         's ahead of the node clock'),
+        (lambda: harness.publish_frame(bad, stamp_ns=0), 1, 'header.stamp is zero'),
         (lambda: harness.publish_instruction(bad, ''), 3, 'instruction is empty'),
         (lambda: harness.publish_instruction(bad, 'x' * 10_000_000), 3,
          'instruction has 10000000 bytes'),
@@ -205,9 +209,13 @@ def test_malformed_inputs_are_refused_for_that_robot_while_others_keep_going(ser
     harness.publish_frame(bad)
     _wait_rejection(harness, bad, since, StepRejected.REASON_INVALID_INSTRUCTION, 'refused')
     status = harness.wait_status(
-        f'vla_sched: robot {bad}', lambda s: 'instruction' in values_of(s)['last error'], 5
+        f'{NODE}: robot {bad}', lambda s: 'instruction' in values_of(s)['last error'], 5
     )
     assert status is not None and level_of(status) == 1  # WARN, with the reason
+    assert status.message.startswith('invalid_instruction')  # the cause first
+    # nothing was ever stamped ahead of its publication
+    for _, chunk in harness.chunks[bad]:
+        assert stamp_to_ns(chunk.header.stamp) <= _now()
     # the other robots kept getting actions
     assert harness.spin_until(lambda: all(len(harness.chunks[r]) > before[r] for r in others), 30)
     # and the refused robot comes back with a valid instruction

@@ -35,7 +35,7 @@ def _flatten(tree: dict, prefix: str = '') -> dict:
 
 
 def _file_tree() -> dict:
-    return yaml.safe_load(PARAMS_FILE.read_text())['vla_sched']['ros__parameters']
+    return yaml.safe_load(PARAMS_FILE.read_text())['/**']['ros__parameters']
 
 
 def _file_values() -> dict:
@@ -348,6 +348,11 @@ def test_runtime_changes_are_validated_then_applied(context):
     assert not bad[0].successful and 'bytes' in bad[0].reason
     bad = node.set_parameters([Parameter('robots.robot_0.period_s', value=-1.0)])
     assert not bad[0].successful
+    for empty in ('', '   '):
+        bad = node.set_parameters([Parameter('robots.robot_0.instruction', value=empty)])
+        assert not bad[0].successful
+        assert bad[0].reason == 'robots.robot_0.instruction: instruction is empty'
+    assert node.get_parameter('robots.robot_0.instruction').value == ' wave '
     frozen = node.set_parameters([Parameter('scheduler.page_size', value=32)])
     assert not frozen[0].successful
     assert len(applied) == 1
@@ -366,3 +371,81 @@ def test_a_model_path_with_several_datasets_and_no_unnorm_key_stops_start_up(tmp
     assert main(['vla_sched', '--ros-args', '-p', f'engine.model_path:={tmp_path}']) == 2
     err = capsys.readouterr().err
     assert 'configuration error: engine.unnorm_key' in err and "['a', 'b']" in err
+
+
+def test_a_misspelled_parameter_fails_start_up_naming_the_closest_names(context):
+    node = _node(context, ['-p', 'engine.modle_path:=/m', '-p', 'scheduler.page_sise:=8'])
+    with pytest.raises(ConfigError) as info:
+        parameters.declare_and_read(node)
+    message = str(info.value)
+    assert message.startswith('unknown parameters: ')
+    assert 'engine.modle_path (closest: engine.model_path' in message
+    assert 'scheduler.page_sise (closest: scheduler.page_size' in message
+    node.destroy_node()
+
+
+def test_a_section_for_a_robot_not_in_robot_ids_fails_start_up(context):
+    node = _node(
+        context,
+        overrides=[
+            Parameter('robot_ids', value=['arm_a']),
+            Parameter('robots.arm_b.period_s', value=0.2),
+        ],
+    )
+    with pytest.raises(ConfigError) as info:
+        parameters.declare_and_read(node)
+    assert (
+        "robots.arm_b.period_s (arm_b is not in robot_ids ['arm_a']; "
+        'closest: robots.arm_a.period_s'
+    ) in str(info.value)
+    node.destroy_node()
+
+
+def test_a_params_file_keyed_by_another_node_fails_start_up(context, tmp_path):
+    path = tmp_path / 'other.yaml'
+    path.write_text(yaml.safe_dump({'other_node': {'ros__parameters': {'robot_ids': ['a']}}}))
+    args = ['--params-file', str(path), '-p', 'engine.device:=cpu']
+    node = _node(context, args)
+    with pytest.raises(ConfigError) as info:
+        parameters.declare_and_read(node, command_line=['vla_sched', '--ros-args', *args])
+    message = str(info.value)
+    assert f"params file(s) ['{path}'] give /vla_sched no parameters" in message
+    assert "keyed by ['other_node']" in message and '"/**:"' in message
+    node.destroy_node()
+
+
+def test_the_shipped_params_file_applies_under_a_namespace(context):
+    args = ['-r', '__ns:=/gpu0', '--params-file', str(PARAMS_FILE)]
+    node = _node(context, args)
+    assert node.get_fully_qualified_name() == '/gpu0/vla_sched'
+    config = parameters.declare_and_read(node, command_line=['vla_sched', '--ros-args', *args])
+    assert [r.robot_id for r in config.robots] == ['robot_0', 'robot_1', 'robot_2', 'robot_3']
+    node.destroy_node()
+
+
+def test_empty_string_lists_are_declared_as_empty_arrays_never_unset(context):
+    node = _node(context, ['--params-file', str(PARAMS_FILE)])
+    parameters.declare_and_read(node)
+    for name in ('robot_defaults.state_joint_names', 'robots.robot_2.action_joint_names'):
+        param = node.get_parameter(name)
+        assert param.type_ is not Parameter.Type.NOT_SET and list(param.value) == [], name
+    assert node.get_parameter('robots.robot_0.state_joint_names').value[0] == 'joint_1'
+    node.destroy_node()
+
+
+def test_the_command_line_reader_finds_params_files_and_set_names():
+    argv = ['node', '--params-file', 'outside.yaml', '--ros-args', '--params-file', 'a.yaml']
+    argv += ['-p', 'x.y:=1', '--param', 'vla_sched:z:=[a]', '-r', '__ns:=/g', '--', '-p', 'w:=2']
+    assert parameters.ros_command_line(argv) == (['a.yaml'], {'x.y', 'z'})
+    assert parameters.ros_command_line(['node']) == ([], set())
+
+
+def test_unknown_names_are_listed_with_close_declared_ones():
+    declared = ['engine.model_path', 'robots.a.period_s', 'robot_ids']
+    parameters.check_no_unknown(['robot_ids', 'qos_overrides./x.publisher.depth'], declared, ['a'])
+    with pytest.raises(ConfigError) as info:
+        parameters.check_no_unknown(['zzz', 'robots.b.period_s'], declared, ['a'])
+    assert str(info.value) == (
+        "unknown parameters: robots.b.period_s (b is not in robot_ids ['a']; closest: "
+        'robots.a.period_s); zzz (no declared name is close)'
+    )

@@ -9,7 +9,9 @@ import pytest
 
 from vla_sched.ipc.messages import FailureReason, StepFailure, StepRequest, StepResult
 from vla_sched.ros.node_config import RobotConfig
-from vla_sched.ros.robot_slot import Observation, Refusal, RobotSlot
+from vla_sched.ros.robot_slot import Observation, Refusal, RobotSlot, stamp_problem
+from vla_sched.ros.text_bounds import MAX_DETAIL_CHARS
+from vla_sched.ros.windows import CountingThrottle
 
 MS = 1_000_000
 S = 1_000_000_000
@@ -241,3 +243,86 @@ def test_dropping_a_late_result_counts_a_deadline_miss_not_a_chunk():
     assert refusal is not None and refusal.step_seq == step.step_seq
     assert slot.num_deadline_misses == 1 and slot.num_chunks == 0
     assert not slot.finish(_result(step), BUDGET + 4 * MS)
+
+
+def _refuse(slot: RobotSlot, reason: FailureReason, detail: str, now: int) -> Refusal:
+    return slot.refuse(Refusal('r1', 0, now, reason, detail), now)
+
+
+def test_the_last_error_says_when_and_clears_after_a_window_without_refusals():
+    slot = _slot()  # window 1 s
+    _refuse(slot, FailureReason.MALFORMED_IMAGE, "encoding '16UC1'", 2 * S)
+    view = slot.view(2 * S + 250 * MS)
+    assert view.last_error == "malformed_image: encoding '16UC1'"
+    assert view.last_error_age_s == pytest.approx(0.25) and view.num_refused_window == 1
+    view = slot.view(3 * S)
+    assert view.last_error == '' and math.isnan(view.last_error_age_s)
+    assert view.num_refused_window == 0
+    assert view.refused_by_reason == {'malformed_image': 1}  # the total stays
+
+
+def test_when_the_engine_is_back_its_refusals_and_downtime_are_forgotten():
+    slot = _slot(trigger='on_image')
+    for k in range(5):  # a healthy robot at 10 Hz
+        slot.offer_image(_obs(k * 100 * MS))
+        slot.finish(_result(_send(slot, k * 100 * MS)), k * 100 * MS + 10 * MS)
+    down = 2 * S
+    slot.offer_image(_obs(down))
+    _refuse(slot, FailureReason.MALFORMED_IMAGE, 'bad frame', down)
+    _refuse(slot, FailureReason.ENGINE_UNAVAILABLE, 'engine dead: exited', down + 1)
+    assert slot.view(down + 2).num_refused_window == 2
+    slot.engine_back(down + 100 * MS)
+    view = slot.view(down + 100 * MS)
+    assert view.num_refused_window == 1  # the bad frame still counts
+    assert view.last_error == ''  # its cause has passed
+    assert not view.rate_judged  # judged again a whole window after the engine came back
+    assert slot.view(down + 1100 * MS).rate_judged
+    slot2 = _slot()
+    _refuse(slot2, FailureReason.ENGINE_UNAVAILABLE, 'engine starting', 1)
+    slot2.engine_back(2)
+    assert slot2.view(3).last_error == '' and slot2.view(3).num_refused_window == 0
+
+
+def test_image_rate_and_time_since_the_last_chunk_tell_camera_from_node():
+    slot = _slot(trigger='on_image')
+    for k in range(13):  # a camera at 4 Hz for 3 s
+        slot.offer_image(_obs(k * 250 * MS))
+    view = slot.view(3 * S)
+    assert view.image_rate_hz == pytest.approx(4.0) and math.isnan(view.since_last_chunk_s)
+    slot.finish(_result(_send(slot, 3 * S)), 3 * S + 100 * MS)
+    assert slot.view(4 * S).since_last_chunk_s == pytest.approx(0.9)
+
+
+def test_an_over_long_detail_is_bounded_with_a_marker():
+    slot = _slot()
+    detail = 'joint_states lacks configured joints; it has unknown joints ' + ', '.join(
+        f'joint_{i}' for i in range(10_000)
+    )
+    refusal = _refuse(slot, FailureReason.INVALID_STATE, detail, 1)
+    assert len(refusal.detail) <= MAX_DETAIL_CHARS and f'{len(detail)} chars' in refusal.detail
+    assert refusal.detail.startswith('joint_states lacks configured joints')
+    assert len(slot.last_error) <= MAX_DETAIL_CHARS + len('invalid_state: ')
+
+
+@pytest.mark.parametrize(
+    ('stamp_ns', 'problem'),
+    [(0, 'zero'), (10 * S + 1500 * MS, '1.500 s ahead'), (10 * S + 999 * MS, None), (1, None)],
+)
+def test_zero_and_future_stamps_are_refused(stamp_ns, problem):
+    found = stamp_problem(stamp_ns, 10 * S, max_future_ns=1 * S)
+    assert found is None if problem is None else problem in found
+
+
+def test_only_a_changed_instruction_counts_as_a_change():
+    slot = _slot()
+    assert not slot.set_instruction('pick it up')
+    assert slot.set_instruction('open the drawer')
+
+
+def test_instruction_changes_are_reported_at_most_once_per_interval_with_their_count():
+    throttle = CountingThrottle(5 * S)
+    reported = [throttle.add(k * 10 * MS) for k in range(300)]  # 100 Hz for 3 s
+    assert reported[0] == 1 and sum(1 for r in reported if r) == 1
+    assert throttle.due(4 * S) == 0
+    assert throttle.due(5 * S) == 299  # the rest, in one report
+    assert throttle.due(11 * S) == 0

@@ -82,12 +82,54 @@ class ZmqEndpoints:
     from_engine: str
 
 
+RUNTIME_DIR_PREFIX = 'vla_sched-'
+OWNER_FILE = 'owner.pid'
+
+
+def runtime_base_dir() -> Path:
+    """Where runtime folders are made: XDG_RUNTIME_DIR when set, else the temp folder."""
+    return Path(os.environ.get('XDG_RUNTIME_DIR') or tempfile.gettempdir())
+
+
 def private_runtime_dir() -> Path:
-    """A new folder only this user can enter (0700), under XDG_RUNTIME_DIR when set."""
-    base = os.environ.get('XDG_RUNTIME_DIR')
-    path = Path(tempfile.mkdtemp(prefix='vla_sched-', dir=base if base else None))
+    """A new folder only this user can enter (0700) in ``runtime_base_dir()``, holding
+    ``owner.pid``: the id of the process that made it (see ``remove_stale_runtime_dirs``)."""
+    path = Path(tempfile.mkdtemp(prefix=RUNTIME_DIR_PREFIX, dir=runtime_base_dir()))
     path.chmod(0o700)
+    (path / OWNER_FILE).write_text(f'{os.getpid()}\n')
     return path
+
+
+def remove_stale_runtime_dirs(base: Path | None = None) -> list[Path]:
+    """Remove the runtime folders in ``base`` (default ``runtime_base_dir()``) whose owner
+    process is gone, as a process killed with SIGKILL leaves them; return those removed.
+
+    Only folders of this user, named like ours and holding a readable ``owner.pid`` are
+    considered; a folder whose owner still runs (or cannot be told) is kept.
+    """
+    removed = []
+    base = runtime_base_dir() if base is None else base
+    for path in sorted(base.glob(f'{RUNTIME_DIR_PREFIX}*')):
+        try:
+            if path.is_symlink() or not path.is_dir() or path.stat().st_uid != os.getuid():
+                continue
+            owner = int((path / OWNER_FILE).read_text().strip())
+        except (OSError, ValueError):
+            continue
+        if owner > 0 and not _process_exists(owner):
+            remove_runtime_dir(path)
+            removed.append(path)
+    return removed
+
+
+def _process_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    return True
 
 
 class ZmqChannel:

@@ -30,7 +30,12 @@ import yaml
 from diagnostic_msgs.msg import DiagnosticArray
 from rclpy.executors import SingleThreadedExecutor
 
-from vla_sched.ros.diagnostics import SCHEDULER_STATUS_NAME
+from vla_sched.ros.diagnostics import (
+    CACHE_HIT_KEY,
+    STEP_LATENCY_P50_KEY,
+    STEP_LATENCY_P99_KEY,
+    is_scheduler_status,
+)
 from vla_sched.serving.engine_config import (
     CORES,
     DEVICES,
@@ -75,6 +80,7 @@ class DiagnosticsWatch:
     def __init__(self) -> None:
         self.statuses: dict[str, tuple[int, str, dict[str, str]]] = {}
         self.scheduler_history: list[tuple[float, int, dict[str, str]]] = []  # (monotonic, ...)
+        self.scheduler_name = ''  # the node's scheduler status, once seen
         self.context = rclpy.Context()
         with contextlib.ExitStack() as stack:
             stack.enter_context(rclpy.init(args=[], context=self.context))
@@ -96,7 +102,8 @@ class DiagnosticsWatch:
         for status in msg.status:
             values = {kv.key: kv.value for kv in status.values}
             self.statuses[status.name] = (status.level[0], status.message, values)
-            if status.name == SCHEDULER_STATUS_NAME:
+            if is_scheduler_status(status.name):
+                self.scheduler_name = status.name
                 self.scheduler_history.append((time.monotonic(), status.level[0], values))
 
     def spin(self, seconds: float) -> None:
@@ -105,7 +112,7 @@ class DiagnosticsWatch:
             self.executor.spin_once(timeout_sec=max(0.0, min(0.1, end - time.monotonic())))
 
     def scheduler(self) -> tuple[int, str, dict[str, str]] | None:
-        return self.statuses.get(SCHEDULER_STATUS_NAME)
+        return self.statuses.get(self.scheduler_name)
 
     def close(self) -> None:
         """Shut down the executor, destroy the node, shut down the context."""
@@ -199,10 +206,9 @@ def scheduler_line(watch: DiagnosticsWatch) -> str:
     return (
         f'scheduler {name}: {message} | queue {v.get("waiting queue depth")}, running '
         f'{v.get("running batch size")}, KV {v.get("KV pool use (%)")}%, retracts '
-        f'{v.get("retracts total")}, cache hit {v.get("radix cache hit rate")}, '
+        f'{v.get("retracts total")}, cache hit {v.get(CACHE_HIT_KEY)}%, '
         'engine step (arrival to finish) p50/p99 '
-        f'{v.get("engine step latency (arrival to finish) p50 (ms)")}/'
-        f'{v.get("engine step latency (arrival to finish) p99 (ms)")} ms'
+        f'{v.get(STEP_LATENCY_P50_KEY)}/{v.get(STEP_LATENCY_P99_KEY)} ms'
     )
 
 

@@ -2,40 +2,68 @@
 
 Pure functions of the engine's view (``EngineView``, with the latest ``EngineStats``), each
 robot's ``RobotView`` and the thresholds; the caller passes the time, so every level can be
-tested without a node. Names are what ``config/diagnostics_analyzers.yaml`` matches:
-``'vla_sched: scheduler'`` and ``'vla_sched: robot <id>'``.
+tested without a node.
 
-Latency keys name their two ends: the scheduler's ``engine step latency (arrival to
-finish)`` runs from a step's arrival in the engine to its finish there; a robot's ``latency
-(image stamp to publish)`` from its image's stamp to the chunk's publication by the node.
-A robot's engine numbers (retracts, cached session prefix tokens, time to first token,
-inter-token latency) come from the latest ``EngineStats`` and read ``n/a`` without one.
+Names carry the node's fully qualified name, so that several nodes (one per GPU, each in its
+namespace) never publish the same name: ``'<node>: scheduler'`` and ``'<node>: robot <id>'``
+(e.g. ``'/gpu0/vla_sched: robot robot_0'``); hardware ids are ``<node>`` for the scheduler
+and ``<node>/<id>`` for a robot. ``config/diagnostics_analyzers.yaml`` matches these names.
 
-Levels, scheduler: ERROR when the engine is dead (or restarting); WARN while it starts, when
-steps were retracted in the last window, or when more than ``queue_warn_threshold`` steps
-wait; OK otherwise. Robot: ERROR when no image came for ``silent_robot_s``; WARN when its
-action rate is below ``rate_warn_fraction`` of its target or a step of it was refused in
-the last window; OK otherwise.
+Values, as rqt shows them: one number or one word per key, units and windows in the key
+(``action rate over 5 s (Hz)``), ``n/a`` for every value that has no data, free text bounded
+to ``MAX_VALUE_CHARS``. Counts by reason get a key per reason (``aborts: deadline_missed``).
+Latency keys name their two ends: the scheduler's engine step latency runs from a step's
+arrival in the engine to its finish there; a robot's from its image's stamp to the chunk's
+publication by the node. A robot's engine numbers come from the latest ``EngineStats``.
+
+Levels, scheduler: ERROR when the engine is dead; WARN while it starts, for ``window_s``
+after it came back from a restart, when steps were retracted in the engine's retract window,
+or when more than ``queue_warn_threshold`` steps wait; OK otherwise. Robot: STALE until its
+first image ("waiting for first image"); ERROR when no image came for ``silent_robot_s``;
+WARN when a step of it was refused in the last window or its action rate is below
+``rate_warn_fraction`` of its target (the message says whether its camera is too slow or the
+node is); OK otherwise. Messages put the cause first.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from vla_sched.ipc.messages import EngineStats, RobotStats
+from vla_sched.ipc.messages import EngineStats, FailureReason, RobotStats
 from vla_sched.ros.engine_link import DEAD, READY, EngineView
 from vla_sched.ros.node_config import DiagnosticsConfig
-from vla_sched.ros.robot_slot import RobotView
+from vla_sched.ros.robot_slot import LATENCY_WINDOW_CHUNKS, RobotView
+from vla_sched.ros.text_bounds import MAX_MESSAGE_CAUSE_CHARS, MAX_VALUE_CHARS, bounded
 
 if TYPE_CHECKING:
     from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus
 
-SCHEDULER_STATUS_NAME = 'vla_sched: scheduler'
-ROBOT_STATUS_PREFIX = 'vla_sched: robot '
-OK, WARN, ERROR = 0, 1, 2  # diagnostic_msgs/DiagnosticStatus levels
+OK, WARN, ERROR, STALE = 0, 1, 2, 3  # diagnostic_msgs/DiagnosticStatus levels
+NO_DATA = 'n/a'
+SCHEDULER_SUFFIX = ': scheduler'
+ROBOT_INFIX = ': robot '
+REASONS = tuple(reason.value for reason in FailureReason)
+# The engine's own windows (its SchedulerConfig defaults; no parameter changes them).
+ENGINE_LATENCY_WINDOW = 1024  # samples per latency percentile window
+ENGINE_RETRACT_WINDOW_S = 10.0
+
+STEP_LATENCY_P50_KEY = (
+    f'engine step latency (arrival to finish) p50 over last {ENGINE_LATENCY_WINDOW} steps (ms)'
+)
+STEP_LATENCY_P99_KEY = STEP_LATENCY_P50_KEY.replace(' p50 ', ' p99 ')
+ITL_P50_KEY = f'inter-token latency p50 over last {ENGINE_LATENCY_WINDOW} tokens (ms)'
+ITL_P99_KEY = ITL_P50_KEY.replace(' p50 ', ' p99 ')
+TTFT_P50_KEY = (
+    'engine time to first token (arrival to first token) p50 over last '
+    f'{ENGINE_LATENCY_WINDOW} steps (ms)'
+)
+RETRACTS_WINDOW_KEY = f'retracts in last {ENGINE_RETRACT_WINDOW_S:g} s'
+CACHE_HIT_KEY = 'radix cache hit rate (%)'
+E2E_P50_KEY = f'latency (image stamp to publish) p50 over last {LATENCY_WINDOW_CHUNKS} chunks (ms)'
+E2E_P99_KEY = E2E_P50_KEY.replace(' p50 ', ' p99 ')
 
 ENGINE_KEYS = (
     'engine state',
@@ -44,6 +72,8 @@ ENGINE_KEYS = (
     'model',
     'prompt layout',
     'engine restarts',
+    'time since last engine restart (s)',
+    'engine uptime (s)',
     'engine last error',
     'engine heartbeat age (s)',
 )
@@ -52,38 +82,49 @@ STATS_KEYS = (
     'running batch size',
     'chunked request',
     'retracts total',
-    'retracts in window',
-    'aborts by reason',
+    RETRACTS_WINDOW_KEY,
+    *(f'aborts: {reason}' for reason in REASONS),
     'delayed prefills',
     'KV pool use (%)',
-    'radix cache hit rate',
-    'engine step latency (arrival to finish) p50 (ms)',
-    'engine step latency (arrival to finish) p99 (ms)',
-    'inter-token latency p50 (ms)',
-    'inter-token latency p99 (ms)',
+    CACHE_HIT_KEY,
+    STEP_LATENCY_P50_KEY,
+    STEP_LATENCY_P99_KEY,
+    ITL_P50_KEY,
+    ITL_P99_KEY,
+    'worst robot',
+    'worst robot inter-token latency p99 (ms)',
+    'worst robot deadline misses',
 )
 SCHEDULER_KEYS = (*ENGINE_KEYS, *STATS_KEYS, 'stats age (s)')
 ENGINE_ROBOT_KEYS = (
     'cached session prefix tokens',
     'retracts',
-    'engine time to first token (arrival to first token) p50 (ms)',
-    'inter-token latency p50 (ms)',
-    'inter-token latency p99 (ms)',
+    TTFT_P50_KEY,
+    ITL_P50_KEY,
+    ITL_P99_KEY,
 )
-ROBOT_KEYS = (
-    'action rate (Hz)',
-    'target rate (Hz)',
-    'latency (image stamp to publish) p50 (ms)',
-    'latency (image stamp to publish) p99 (ms)',
-    'chunks published',
-    'deadline misses',
-    'superseded observations',
-    'refused steps',
-    'refused in window',
-    'last error',
-    *ENGINE_ROBOT_KEYS,
-    'seconds since last image',
-)
+
+
+def robot_keys(window_s: float) -> tuple[str, ...]:
+    """A robot status's keys, in order, for a node whose diagnostics window is ``window_s``."""
+    window = _window(window_s)
+    return (
+        f'action rate over {window} (Hz)',
+        f'image input rate over {window} (Hz)',
+        'target rate (Hz)',
+        'time since last chunk (s)',
+        'time since last image (s)',
+        E2E_P50_KEY,
+        E2E_P99_KEY,
+        'chunks published',
+        'deadline misses',
+        'superseded observations',
+        *(f'refused: {reason}' for reason in REASONS),
+        f'refused in last {window}',
+        'last error',
+        'time since last error (s)',
+        *ENGINE_ROBOT_KEYS,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,26 +138,75 @@ class StatusData:
     values: tuple[tuple[str, str], ...]
 
 
-def robot_status_name(robot_id: str) -> str:
-    return f'{ROBOT_STATUS_PREFIX}{robot_id}'
+def scheduler_status_name(node_name: str) -> str:
+    """The scheduler's status name for the node whose fully qualified name is ``node_name``."""
+    return f'{node_name}{SCHEDULER_SUFFIX}'
 
 
-def status_names(robot_ids: Iterable[str]) -> list[str]:
-    """Every status name the node publishes for these robots."""
-    return [SCHEDULER_STATUS_NAME, *(robot_status_name(r) for r in robot_ids)]
+def robot_status_name(node_name: str, robot_id: str) -> str:
+    return f'{node_name}{ROBOT_INFIX}{robot_id}'
 
 
-def _num(value: float, digits: int = 1) -> str:
-    return 'n/a' if value is None or not math.isfinite(value) else f'{value:.{digits}f}'
+def robot_hardware_id(node_name: str, robot_id: str) -> str:
+    return f'{node_name}/{robot_id}'
 
 
-def _counts(counts: Mapping[str, int]) -> str:
-    items = [f'{k}={v}' for k, v in sorted(counts.items()) if v]
-    return ', '.join(items) if items else 'none'
+def is_scheduler_status(name: str) -> bool:
+    """Whether ``name`` is a scheduler status (of any vla_sched node)."""
+    return name.endswith(SCHEDULER_SUFFIX)
 
 
-def scheduler_data(view: EngineView, cfg: DiagnosticsConfig, *, hardware_id: str) -> StatusData:
-    """The scheduler status from the engine's view (stats may be missing while it is down)."""
+def status_names(node_name: str, robot_ids: Iterable[str]) -> list[str]:
+    """Every status name the node ``node_name`` publishes for these robots."""
+    return [
+        scheduler_status_name(node_name),
+        *(robot_status_name(node_name, r) for r in robot_ids),
+    ]
+
+
+def _window(window_s: float) -> str:
+    return f'{window_s:g} s'
+
+
+def _num(value: float | None, digits: int = 1) -> str:
+    return NO_DATA if value is None or not math.isfinite(value) else f'{value:.{digits}f}'
+
+
+def _text(value: str) -> str:
+    return value or NO_DATA
+
+
+def _cause(text: str) -> str:
+    return bounded(text, MAX_MESSAGE_CAUSE_CHARS)
+
+
+def _by_reason(prefix: str, counts: Mapping[str, int]) -> list[tuple[str, str]]:
+    """One key per known reason, then any other reason the counts hold."""
+    extra = sorted(set(counts) - set(REASONS))
+    return [(f'{prefix}: {r}', str(int(counts.get(r, 0)))) for r in (*REASONS, *extra)]
+
+
+def _status(
+    name: str, level: int, message: str, hardware_id: str, values: Iterable[tuple[str, str]]
+) -> StatusData:
+    return StatusData(
+        name,
+        level,
+        bounded(message, MAX_VALUE_CHARS),
+        hardware_id,
+        tuple((k, bounded(v, MAX_VALUE_CHARS)) for k, v in values),
+    )
+
+
+def scheduler_data(
+    view: EngineView,
+    cfg: DiagnosticsConfig,
+    *,
+    node_name: str,
+    robots: Sequence[RobotView] = (),
+) -> StatusData:
+    """The scheduler status from the engine's view (stats may be missing while it is down);
+    ``robots`` give the worst robot its deadline misses."""
     stats = view.stats if view.state == READY else None
     level, message = _scheduler_level(view, stats, cfg)
     values = [
@@ -124,14 +214,16 @@ def scheduler_data(view: EngineView, cfg: DiagnosticsConfig, *, hardware_id: str
         ('engine mode', view.mode),
         ('engine pid', str(view.pid) if view.pid is not None else 'in-process'),
         ('model', view.model_name + (' (random weights)' if view.random_weights else '')),
-        ('prompt layout', view.prompt_layout or 'n/a'),
+        ('prompt layout', _text(view.prompt_layout)),
         ('engine restarts', str(view.num_restarts)),
-        ('engine last error', view.last_error or 'none'),
+        ('time since last engine restart (s)', _num(view.since_restart_s)),
+        ('engine uptime (s)', _num(view.uptime_s)),
+        ('engine last error', _text(view.last_error)),
         ('engine heartbeat age (s)', _num(view.heartbeat_age_s, 2)),
     ]
-    values.extend(_stats_values(stats))
-    values.append(('stats age (s)', _num(view.stats_age_s, 2) if stats else 'n/a'))
-    return StatusData(SCHEDULER_STATUS_NAME, level, message, hardware_id, tuple(values))
+    values.extend(_stats_values(stats, robots))
+    values.append(('stats age (s)', _num(view.stats_age_s, 2) if stats else NO_DATA))
+    return _status(scheduler_status_name(node_name), level, message, node_name, values)
 
 
 def _scheduler_level(
@@ -139,98 +231,137 @@ def _scheduler_level(
 ) -> tuple[int, str]:
     if view.state == DEAD:
         when = '' if view.restart_in_s is None else f'; restart in {view.restart_in_s:.1f} s'
-        return ERROR, f'engine dead: {view.last_error}{when}'
+        return ERROR, f'engine dead: {_cause(view.last_error)}{when}'
     if view.state != READY:
-        return WARN, f'engine starting ({view.state_age_s:.1f} s)'
-    if stats is None:
-        return OK, 'engine ready; no statistics yet'
+        after = f' after a crash: {_cause(view.last_error)}' if view.num_restarts else ''
+        return WARN, f'engine starting ({view.state_age_s:.1f} s){after}'
     problems = []
-    if stats.num_retracts_window > 0:
-        problems.append(f'{stats.num_retracts_window} retracts in the last window (KV pool full)')
-    if stats.num_waiting > cfg.queue_warn_threshold:
-        problems.append(f'{stats.num_waiting} steps waiting (> {cfg.queue_warn_threshold})')
+    if view.num_restarts and view.uptime_s < cfg.window_s:
+        problems.append(
+            f'engine back for {view.uptime_s:.1f} s after a crash: {_cause(view.last_error)}'
+        )
+    if stats is not None and stats.num_retracts_window > 0:
+        problems.append(
+            f'KV pool full: {stats.num_retracts_window} retracts in the last '
+            f'{_window(ENGINE_RETRACT_WINDOW_S)}'
+        )
+    if stats is not None and stats.num_waiting > cfg.queue_warn_threshold:
+        problems.append(
+            f'queue too long: {stats.num_waiting} steps waiting (> {cfg.queue_warn_threshold})'
+        )
     if problems:
         return WARN, '; '.join(problems)
+    if stats is None:
+        return OK, 'engine ready; no statistics yet'
     return OK, f'{stats.num_running} running, {stats.num_waiting} waiting'
 
 
-def _stats_values(stats: EngineStats | None) -> list[tuple[str, str]]:
+def _worst_robot(
+    stats: EngineStats, robots: Sequence[RobotView]
+) -> tuple[str, RobotStats | None, int | None]:
+    """The robot with the highest inter-token latency p99 in the engine's window."""
+    timed = {rid: s for rid, s in stats.robots.items() if math.isfinite(s.itl_ms_p99)}
+    if not timed:
+        return NO_DATA, None, None
+    rid = max(sorted(timed), key=lambda r: timed[r].itl_ms_p99)
+    misses = next((r.num_deadline_misses for r in robots if r.robot_id == rid), None)
+    return rid, timed[rid], misses
+
+
+def _stats_values(stats: EngineStats | None, robots: Sequence[RobotView]) -> list[tuple[str, str]]:
     if stats is None:
-        return [(key, 'n/a') for key in STATS_KEYS]
+        return [(key, NO_DATA) for key in STATS_KEYS]
+    worst_id, worst, worst_misses = _worst_robot(stats, robots)
     return [
         ('waiting queue depth', str(stats.num_waiting)),
         ('running batch size', str(stats.num_running)),
-        ('chunked request', stats.chunked_rid or 'none'),
+        ('chunked request', _text(stats.chunked_rid)),
         ('retracts total', str(stats.num_retracts_total)),
-        ('retracts in window', str(stats.num_retracts_window)),
-        ('aborts by reason', _counts(stats.aborts_by_reason)),
+        (RETRACTS_WINDOW_KEY, str(stats.num_retracts_window)),
+        *_by_reason('aborts', stats.aborts_by_reason),
         ('delayed prefills', str(stats.num_delayed_prefills)),
         ('KV pool use (%)', _num(stats.kv_use_percent)),
-        ('radix cache hit rate', _num(stats.cache_hit_rate, 3)),
-        (
-            'engine step latency (arrival to finish) p50 (ms)',
-            _num(stats.arrival_to_finish_ms_p50, 2),
-        ),
-        (
-            'engine step latency (arrival to finish) p99 (ms)',
-            _num(stats.arrival_to_finish_ms_p99, 2),
-        ),
-        ('inter-token latency p50 (ms)', _num(stats.itl_ms_p50, 2)),
-        ('inter-token latency p99 (ms)', _num(stats.itl_ms_p99, 2)),
+        (CACHE_HIT_KEY, _num(100.0 * stats.cache_hit_rate)),
+        (STEP_LATENCY_P50_KEY, _num(stats.arrival_to_finish_ms_p50, 2)),
+        (STEP_LATENCY_P99_KEY, _num(stats.arrival_to_finish_ms_p99, 2)),
+        (ITL_P50_KEY, _num(stats.itl_ms_p50, 2)),
+        (ITL_P99_KEY, _num(stats.itl_ms_p99, 2)),
+        ('worst robot', worst_id),
+        ('worst robot inter-token latency p99 (ms)', _num(worst and worst.itl_ms_p99, 2)),
+        ('worst robot deadline misses', NO_DATA if worst_misses is None else str(worst_misses)),
     ]
 
 
 def robot_data(
-    view: RobotView, engine_robot: RobotStats | None, cfg: DiagnosticsConfig
+    view: RobotView, engine_robot: RobotStats | None, cfg: DiagnosticsConfig, *, node_name: str
 ) -> StatusData:
     """One robot's status; ``engine_robot`` (None: unknown) adds what only the engine knows."""
     level, message = _robot_level(view, cfg)
+    keys = robot_keys(view.window_s)
     values = (
-        ('action rate (Hz)', _num(view.action_rate_hz, 2)),
-        ('target rate (Hz)', _num(view.target_rate_hz, 2)),
-        ('latency (image stamp to publish) p50 (ms)', _num(view.stamp_to_publish_ms_p50)),
-        ('latency (image stamp to publish) p99 (ms)', _num(view.stamp_to_publish_ms_p99)),
-        ('chunks published', str(view.num_chunks)),
-        ('deadline misses', str(view.num_deadline_misses)),
-        ('superseded observations', str(view.num_superseded)),
-        ('refused steps', _counts(view.refused_by_reason)),
-        ('refused in window', str(view.num_refused_window)),
-        ('last error', view.last_error or 'none'),
+        _num(view.action_rate_hz, 2),
+        _num(view.image_rate_hz, 2),
+        _num(view.target_rate_hz, 2),
+        _num(view.since_last_chunk_s, 2),
+        _num(view.silent_s, 2) if view.seen_image else NO_DATA,
+        _num(view.stamp_to_publish_ms_p50),
+        _num(view.stamp_to_publish_ms_p99),
+        str(view.num_chunks),
+        str(view.num_deadline_misses),
+        str(view.num_superseded),
+        *(v for _, v in _by_reason('refused', view.refused_by_reason)),
+        str(view.num_refused_window),
+        _text(view.last_error),
+        _num(view.last_error_age_s, 2),
         *_engine_robot_values(engine_robot),
-        ('seconds since last image', _num(view.silent_s, 2) if view.seen_image else 'never'),
     )
-    name = robot_status_name(view.robot_id)
-    return StatusData(name, level, message, view.robot_id, values)
+    extra = sorted(set(view.refused_by_reason) - set(REASONS))
+    if extra:  # a reason this version does not know: keep every count visible
+        at = keys.index(f'refused in last {_window(view.window_s)}')
+        keys = (*keys[:at], *(f'refused: {r}' for r in extra), *keys[at:])
+    return _status(
+        robot_status_name(node_name, view.robot_id),
+        level,
+        message,
+        robot_hardware_id(node_name, view.robot_id),
+        zip(keys, values, strict=True),
+    )
 
 
-def _engine_robot_values(stats: RobotStats | None) -> list[tuple[str, str]]:
+def _engine_robot_values(stats: RobotStats | None) -> list[str]:
     if stats is None:
-        return [(key, 'n/a') for key in ENGINE_ROBOT_KEYS]
+        return [NO_DATA] * len(ENGINE_ROBOT_KEYS)
     return [
-        ('cached session prefix tokens', str(stats.num_cached_session_prefix_tokens)),
-        ('retracts', str(stats.num_retracts)),
-        (
-            'engine time to first token (arrival to first token) p50 (ms)',
-            _num(stats.ttft_ms_p50, 2),
-        ),
-        ('inter-token latency p50 (ms)', _num(stats.itl_ms_p50, 2)),
-        ('inter-token latency p99 (ms)', _num(stats.itl_ms_p99, 2)),
+        str(stats.num_cached_session_prefix_tokens),
+        str(stats.num_retracts),
+        _num(stats.ttft_ms_p50, 2),
+        _num(stats.itl_ms_p50, 2),
+        _num(stats.itl_ms_p99, 2),
     ]
 
 
 def _robot_level(view: RobotView, cfg: DiagnosticsConfig) -> tuple[int, str]:
+    if not view.seen_image:
+        return STALE, f'waiting for first image ({view.silent_s:.1f} s since start-up)'
     if view.silent_s > cfg.silent_robot_s:
-        if not view.seen_image:
-            return ERROR, f'silent: no image since start-up {view.silent_s:.1f} s ago'
         return ERROR, f'silent: no image for {view.silent_s:.1f} s'
+    window = _window(view.window_s)
     problems = []
+    if view.num_refused_window > 0:
+        problems.append(
+            f'{_cause(view.last_error)} ({view.num_refused_window} refused in the last {window})'
+        )
     floor_hz = cfg.rate_warn_fraction * view.target_rate_hz
     if view.rate_judged and view.action_rate_hz < floor_hz:
-        problems.append(
-            f'action rate {view.action_rate_hz:.2f} Hz below target {view.target_rate_hz:.2f} Hz'
+        rates = (
+            f'actions {view.action_rate_hz:.2f} Hz, images {view.image_rate_hz:.2f} Hz, '
+            f'target {view.target_rate_hz:.2f} Hz over {window}'
         )
-    if view.num_refused_window > 0:
-        problems.append(f'{view.num_refused_window} refused in the last window: {view.last_error}')
+        if view.image_rate_hz < floor_hz:
+            problems.append(f'camera too slow: {rates}')
+        else:
+            since = _num(view.since_last_chunk_s)
+            problems.append(f'node too slow: {rates}; last chunk {since} s ago')
     if problems:
         return WARN, '; '.join(problems)
     p99 = _num(view.stamp_to_publish_ms_p99)
@@ -257,15 +388,22 @@ def diagnostic_array(
     cfg: DiagnosticsConfig,
     *,
     stamp,
-    hardware_id: str,
+    node_name: str,
 ) -> DiagnosticArray:
-    """The whole /diagnostics message: the scheduler status, then one status per robot."""
+    """The whole /diagnostics message: the scheduler status, then one status per robot.
+
+    ``node_name`` is the publishing node's fully qualified name (``get_fully_qualified_name``).
+    """
     # Imported here so that the status rules above import without ROS installed.
     from diagnostic_msgs.msg import DiagnosticArray
 
+    robots = list(robots)
     engine_robots = engine.stats.robots if engine.stats is not None else {}
-    statuses = [scheduler_data(engine, cfg, hardware_id=hardware_id)]
-    statuses.extend(robot_data(view, engine_robots.get(view.robot_id), cfg) for view in robots)
+    statuses = [scheduler_data(engine, cfg, node_name=node_name, robots=robots)]
+    statuses.extend(
+        robot_data(view, engine_robots.get(view.robot_id), cfg, node_name=node_name)
+        for view in robots
+    )
     msg = DiagnosticArray(status=[to_message(s) for s in statuses])
     msg.header.stamp = stamp
     return msg

@@ -56,6 +56,8 @@ class EngineView:
     heartbeat_age_s: float
     state_age_s: float  # seconds in the current state
     num_restarts: int
+    since_restart_s: float  # seconds since the last restart; NaN if it never restarted
+    uptime_s: float  # seconds since it became ready; NaN unless it is ready
     last_error: str
     restart_in_s: float | None  # for a dead engine: seconds until the next start
     stats: EngineStats | None
@@ -86,6 +88,7 @@ class EngineLink:
         self.state = STARTING
         self._state_since_s = clock()
         self.num_restarts = 0
+        self._restarted_at_s = float('nan')
         self.last_error = ''
         self.stats: EngineStats | None = None
         self._stats_at_s = float('-inf')
@@ -129,6 +132,7 @@ class EngineLink:
             died = self.client.failure or f'no heartbeat for {self.client.heartbeat_age_s:.2f} s'
         elif self.state == DEAD and now - self._state_since_s >= self.config.restart_delay_s:
             self.num_restarts += 1
+            self._restarted_at_s = now
             self.client.restart()
             self._enter(STARTING)
         if died:
@@ -154,6 +158,8 @@ class EngineLink:
             heartbeat_age_s=self.client.heartbeat_age_s,
             state_age_s=now - self._state_since_s,
             num_restarts=self.num_restarts,
+            since_restart_s=now - self._restarted_at_s,
+            uptime_s=now - self._state_since_s if self.state == READY else float('nan'),
             last_error=self.last_error,
             restart_in_s=restart_in,
             stats=self.stats,

@@ -18,15 +18,16 @@ from __future__ import annotations
 
 import contextlib
 import sys
+from collections.abc import Sequence
 
 import rclpy
 from diagnostic_msgs.msg import DiagnosticArray
-from rclpy._rclpy_pybind11 import RCLError
 from rclpy.exceptions import ParameterException
-from rclpy.executors import ExternalShutdownException
+from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
 from rclpy.node import Node
 from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
 from rclpy.qos import qos_profile_sensor_data as sensor_qos
+from rclpy.signals import SignalHandlerOptions
 from sensor_msgs.msg import CompressedImage, Image, JointState
 from std_msgs.msg import String
 from trajectory_msgs.msg import JointTrajectory
@@ -52,7 +53,8 @@ from vla_sched.ros.conversions import (
 from vla_sched.ros.engine_clock import engine_clock
 from vla_sched.ros.engine_link import EngineLink
 from vla_sched.ros.node_config import ConfigError, FrontendConfig
-from vla_sched.ros.robot_slot import Observation, Refusal, RobotSlot
+from vla_sched.ros.robot_slot import Observation, Refusal, RobotSlot, stamp_problem
+from vla_sched.ros.shutdown import ShutdownRequest
 from vla_sched.serving.checkpoints import check_model_path
 from vla_sched.serving.engine_client import EngineClient, EngineUnavailable
 
@@ -76,21 +78,23 @@ class RobotTopics:
 class VlaSchedNode(Node):
     """The frontend node (see the module docstring)."""
 
-    def __init__(self, *, client_factory=None, **kwargs) -> None:
+    def __init__(self, *, client_factory=None, command_line: Sequence[str] = (), **kwargs) -> None:
         """Declare and read the parameters, subscribe every robot, start the engine.
 
         Args:
             client_factory: builds the engine client from the ``FrontendConfig`` (default:
                 ``EngineClient`` with the engine and link settings from the parameters).
+            command_line: the arguments given to ``rclpy.init``; a ``--params-file`` there
+                that gives this node no parameters is refused.
             **kwargs: passed to ``rclpy.node.Node`` (e.g. ``parameter_overrides``).
 
         Raises:
-            ConfigError: a parameter is missing, malformed or inconsistent.
+            ConfigError: a parameter is missing, malformed, inconsistent or unknown.
             ModelPathError: ``engine.model_path`` cannot be served, or it holds several
                 datasets' statistics and ``engine.unnorm_key`` names none of them.
         """
         super().__init__(NODE_NAME, **kwargs)
-        self.config: FrontendConfig = parameters.declare_and_read(self)
+        self.config: FrontendConfig = parameters.declare_and_read(self, command_line=command_line)
         check_model_path(self.config.engine_config())
         self.add_on_set_parameters_callback(
             parameters.runtime_validator(self.config, self._apply_runtime_param)
@@ -147,7 +151,12 @@ class VlaSchedNode(Node):
 
     def _on_image(self, slot: RobotSlot, msg, *, compressed: bool = False) -> None:
         now = self._now_ns()
-        stamp = stamp_to_ns(msg.header.stamp) or now
+        stamp = stamp_to_ns(msg.header.stamp)
+        max_future_ns = round(self.config.max_future_stamp_s * 1e9)
+        problem = stamp_problem(stamp, now, max_future_ns=max_future_ns)
+        if problem is not None:
+            self._refuse(slot, FailureReason.MALFORMED_IMAGE, problem, stamp, now)
+            return
         try:
             limit = self.config.max_image_pixels
             if compressed:
@@ -180,8 +189,16 @@ class VlaSchedNode(Node):
             now = self._now_ns()
             self._refuse(slot, FailureReason.INVALID_INSTRUCTION, str(exc), now, now)
             return
-        slot.set_instruction(text)
-        self.get_logger().info(f'{slot.robot_id}: instruction {text[:80]!r}')
+        if slot.set_instruction(text):
+            self._log_instruction(slot, slot.instruction_changes.add(self._now_ns()))
+
+    def _log_instruction(self, slot: RobotSlot, num_changes: int) -> None:
+        """One line per robot at most every few seconds, however often it changes."""
+        if num_changes:
+            self.get_logger().info(
+                f'{slot.robot_id}: instruction {slot.instruction[:80]!r} '
+                f'({num_changes} change{"s" if num_changes > 1 else ""} since the last line)'
+            )
 
     def _apply_runtime_param(self, robot_id: str, name: str, value) -> None:
         slot = self.slots[robot_id]
@@ -288,6 +305,10 @@ class VlaSchedNode(Node):
                 self.get_logger().warning(f'{slot.robot_id}: {failure.detail}')
 
     def _on_engine_info(self, info: EngineInfo) -> None:
+        if self.link.ready:  # its refusals and downtime are over
+            now = self._now_ns()
+            for slot in self.slots.values():
+                slot.engine_back(now)
         weights = ' (random weights: actions are meaningless)' if info.random_weights else ''
         self.get_logger().info(
             f'engine ready: {info.model_name}{weights}; state {info.num_state}, '
@@ -340,12 +361,14 @@ class VlaSchedNode(Node):
 
     def publish_diagnostics(self) -> None:
         now = self._now_ns()
+        for slot in self.slots.values():
+            self._log_instruction(slot, slot.instruction_changes.due(now))
         msg = diagnostics.diagnostic_array(
             self.link.view(),
             [slot.view(now) for slot in self.slots.values()],
             self.config.diagnostics,
             stamp=self.get_clock().now().to_msg(),
-            hardware_id=self.get_fully_qualified_name(),
+            node_name=self.get_fully_qualified_name(),
         )
         self._diagnostics_pub.publish(msg)
 
@@ -359,26 +382,32 @@ def _engine_client(config: FrontendConfig):
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the node until shutdown (0, also on Ctrl-C); 2 on a configuration error."""
-    try:
-        with rclpy.init(args=argv if argv is not None else sys.argv):
-            try:
-                node = VlaSchedNode()
-            except (ValueError, TypeError, ParameterException) as exc:
-                print(f'vla_sched: configuration error: {exc}', file=sys.stderr)
-                return 2
-            try:
-                rclpy.spin(node)
-            except RCLError:
-                # A signal's shutdown can invalidate the context while the executor builds
-                # its wait set; that is a shutdown, anything else is a failure.
-                if rclpy.ok():
-                    raise
-            finally:
-                node.close()
-                node.destroy_node()
-    except (KeyboardInterrupt, ExternalShutdownException):
-        pass
+    """Run the node until SIGINT or SIGTERM (0, however often signalled); 2 on a
+    configuration error. The engine is stopped and its runtime folder removed on the way out.
+    """
+    argv = list(argv if argv is not None else sys.argv)
+    with (
+        ShutdownRequest() as shutdown,
+        rclpy.init(args=argv, signal_handler_options=SignalHandlerOptions.NO),
+    ):
+        try:
+            node = VlaSchedNode(command_line=argv)
+        except (ValueError, TypeError, ParameterException) as exc:
+            print(f'vla_sched: configuration error: {exc}', file=sys.stderr)
+            return 2
+        executor = SingleThreadedExecutor()
+        executor.add_node(node)
+        try:
+            while not shutdown.requested and rclpy.ok():
+                executor.spin_once(timeout_sec=0.1)
+            if shutdown.requested:
+                node.get_logger().info(f'{shutdown.signal_name}: stopping the engine')
+        except ExternalShutdownException:
+            pass  # the context was shut down from elsewhere: stop as on a signal
+        finally:
+            node.close()
+            executor.shutdown()
+            node.destroy_node()
     return 0
 
 

@@ -204,6 +204,13 @@ class FrontendConfig:
     max_image_pixels: int = setting(
         4096 * 4096, 'largest accepted image', min_value=1, max_value=1 << 28, group='limits'
     )
+    max_future_stamp_s: float = setting(
+        1.0,
+        'refuse an image stamped further ahead of the node clock than this (s)',
+        min_value=0.0,
+        max_value=3600.0,
+        group='limits',
+    )
 
     def __post_init__(self) -> None:
         if not self.robots:

@@ -10,6 +10,7 @@ from vla_sched.msg import ActionChunk, StepRejected
 from vla_sched.ros.conversions import ns_to_duration, ns_to_stamp
 from vla_sched.ros.node_config import RobotConfig
 from vla_sched.ros.robot_slot import Refusal
+from vla_sched.ros.text_bounds import MAX_DETAIL_CHARS, bounded
 
 # FailureReason -> StepRejected.REASON_* constant name.
 _REASON_CONSTANTS = {
@@ -93,11 +94,12 @@ def joint_trajectory(chunk: ActionChunk, *, dt_s: float) -> JointTrajectory:
 
 
 def step_rejected(refusal: Refusal) -> StepRejected:
-    """The StepRejected message of a refused or failed step."""
+    """The StepRejected message of a refused or failed step; its detail is bounded to
+    ``MAX_DETAIL_CHARS`` (the start, and a marker with the full length)."""
     msg = StepRejected()
     msg.header.stamp = ns_to_stamp(refusal.stamp_ns)
     msg.robot_id = refusal.robot_id
     msg.step_seq = int(refusal.step_seq)
     msg.reason = int(getattr(StepRejected, _REASON_CONSTANTS[refusal.reason]))
-    msg.detail = refusal.detail
+    msg.detail = bounded(refusal.detail, MAX_DETAIL_CHARS)
     return msg

@@ -13,16 +13,26 @@ agree).
 
 Only the robot settings marked ``runtime`` (``RUNTIME_ROBOT_PARAMS``: a robot's
 ``instruction`` and ``period_s``) may change while the node runs; every other parameter is
-read-only after start-up.
+read-only after start-up, and a robot's instruction cannot be set to an empty one.
+
+ROS drops a value that names no declared parameter, so ``declare_and_read`` refuses them: a
+misspelled name or a ``robots.<id>`` section for an id missing from ``robot_ids`` fails
+start-up with the closest declared names, and so does a ``--params-file`` that gives this
+node nothing (keyed by another node's name; ``/**:`` applies under any name and namespace).
+An empty string list is declared as an empty array, never as "not set", so that what
+``ros2 param dump`` writes loads back as a params file.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable, Iterator
+import difflib
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import yaml
 from rcl_interfaces.msg import (
     FloatingPointRange,
     IntegerRange,
@@ -43,6 +53,8 @@ ROBOT_DEFAULTS = 'robot_defaults'
 ROBOT_IDS = Setting('robot_ids', ('robot_0',), 'the robots this node serves')
 PER_ROBOT_ONLY = ('namespace',)  # no robot_defaults entry: two robots cannot share one
 RUNTIME_ROBOT_PARAMS = tuple(s.name for s in settings_of(RobotConfig) if s.runtime)
+# Declared by rclpy on demand (QoS overriding options), never by this module.
+FOREIGN_PREFIXES = ('qos_overrides.',)
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,16 +184,22 @@ def all_specs(robot_ids: Iterable[str], defaults: dict[str, Any]) -> list[ParamS
     return specs
 
 
-def declare_and_read(node: Node) -> FrontendConfig:
+def declare_and_read(node: Node, *, command_line: Sequence[str] = ()) -> FrontendConfig:
     """Declare every parameter on ``node`` and return the validated config.
 
+    ``command_line`` is the process's arguments (those given to ``rclpy.init``): its
+    ``--params-file`` and ``-p`` entries tell which values came from a file.
+
     Raises:
-        ConfigError: a value is of the wrong type, out of range, or inconsistent.
+        ConfigError: a value is of the wrong type, out of range, or inconsistent; a value
+            names no declared parameter; or the params files give this node nothing.
     """
+    overrides = parameter_overrides(node)
+    check_params_files_reach(node.get_fully_qualified_name(), overrides, command_line)
     values: dict[str, Any] = {}
     base = node_specs()
     for spec in base:
-        values[spec.name] = _declare(node, spec)
+        values[spec.name] = _declare(node, spec, overrides)
     prefix = f'{ROBOT_DEFAULTS}.'
     defaults = {
         spec.name[len(prefix) :]: values[spec.name]
@@ -191,18 +209,101 @@ def declare_and_read(node: Node) -> FrontendConfig:
     for robot_id in values['robot_ids']:
         RobotConfig(robot_id=robot_id)  # a bad id fails before its parameters are declared
         for spec in robot_specs(robot_id, defaults):
-            values[spec.name] = _declare(node, spec)
+            values[spec.name] = _declare(node, spec, overrides)
+    declared = node.get_parameters_by_prefix('')  # every declared parameter, by full name
+    check_no_unknown(overrides, declared, values['robot_ids'])
     return config_from_values(values)
 
 
-def _declare(node: Node, spec: ParamSpec) -> Any:
-    default = spec.default
-    if spec.setting.is_string_list:
-        # Dynamically typed, so that an empty list in a YAML file (a byte array to rclpy)
-        # and an unset value (None) are both accepted; check_value normalises them.
-        default = list(spec.default) or None
-    param = node.declare_parameter(spec.name, default, descriptor(spec))
-    return check_value(spec, param.value)
+def parameter_overrides(node: Node) -> dict[str, Any]:
+    """``{name: value}`` of every value given to ``node`` (params files, ``-p``, and the
+    ``parameter_overrides`` argument). rclpy keeps them in ``Node._parameter_overrides`` and
+    offers no public accessor."""
+    return {name: param.value for name, param in node._parameter_overrides.items()}
+
+
+def _declare(node: Node, spec: ParamSpec, overrides: dict[str, Any]) -> Any:
+    if not spec.setting.is_string_list:
+        param = node.declare_parameter(spec.name, spec.default, descriptor(spec))
+        return check_value(spec, param.value)
+    # Dynamically typed, and always declared with a list: '[]' in a params file arrives as
+    # "not set", and a parameter left "not set" would be dumped as null, which loads back
+    # as the string 'null'. An empty list is declared as rclpy types it (an empty byte
+    # array), which ros2 param dump writes as [].
+    value = overrides.get(spec.name, list(spec.default))
+    if value is None:
+        value = []
+    node.declare_parameter(spec.name, value, descriptor(spec), ignore_override=True)
+    return check_value(spec, value)
+
+
+def ros_command_line(argv: Sequence[str]) -> tuple[list[str], set[str]]:
+    """The ``--params-file`` paths and the names set with ``-p``/``--param`` in ``argv``.
+
+    Only arguments inside ``--ros-args`` ... (``--`` ends them) count, as rcl reads them.
+    """
+    files: list[str] = []
+    names: set[str] = set()
+    inside = False
+    args = list(argv)
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg == '--ros-args':
+            inside = True
+        elif arg == '--':
+            inside = False
+        elif inside and arg == '--params-file' and i + 1 < len(args):
+            files.append(args[i + 1])
+            i += 1
+        elif inside and arg in ('-p', '--param') and i + 1 < len(args):
+            rule = args[i + 1].split(':=', 1)[0]
+            names.add(rule.rsplit(':', 1)[-1])  # 'node:name:=value' names 'name'
+            i += 1
+        i += 1
+    return files, names
+
+
+def check_params_files_reach(
+    node_name: str, overrides: dict[str, Any], command_line: Sequence[str]
+) -> None:
+    """ConfigError when ``--params-file`` was given but no value of a file reached the node
+    called ``node_name`` (its fully qualified name), naming the files' top-level keys."""
+    files, cli_names = ros_command_line(command_line)
+    if not files or set(overrides) - cli_names:
+        return
+    keys = []
+    for path in files:
+        try:
+            data = yaml.safe_load(Path(path).read_text())
+        except (OSError, yaml.YAMLError):
+            data = None
+        keys += list(data) if isinstance(data, dict) else []
+    raise ConfigError(
+        f'the params file(s) {files} give {node_name} no parameters: they are keyed by '
+        f'{keys}; key them "/**:" (any node name and namespace) or "{node_name}:"'
+    )
+
+
+def check_no_unknown(
+    overrides: Iterable[str], declared: Iterable[str], robot_ids: Sequence[str]
+) -> None:
+    """ConfigError naming every override that is no declared parameter, with the closest
+    declared names (and, for ``robots.<id>.*``, that the id is not in ``robot_ids``)."""
+    declared = sorted(set(declared))
+    problems = []
+    for name in sorted(overrides):
+        if name in declared or name.startswith(FOREIGN_PREFIXES):
+            continue
+        parts = name.split('.')
+        why = ''
+        if len(parts) == 3 and parts[0] == 'robots' and parts[1] not in robot_ids:
+            why = f'{parts[1]} is not in robot_ids {list(robot_ids)}; '
+        close = difflib.get_close_matches(name, declared, n=3, cutoff=0.6)
+        hint = f'closest: {", ".join(close)}' if close else 'no declared name is close'
+        problems.append(f'{name} ({why}{hint})')
+    if problems:
+        raise ConfigError('unknown parameters: ' + '; '.join(problems))
 
 
 def runtime_validator(
@@ -210,7 +311,8 @@ def runtime_validator(
 ) -> Callable[[list], Any]:
     """An on-set-parameters callback: checks runtime-changeable robot parameters.
 
-    ``apply(robot_id, name, value)`` is called for each accepted change.
+    ``apply(robot_id, name, value)`` is called for each accepted change. An instruction is
+    checked as one arriving on the topic: an empty or over-long one is refused.
     """
     specs = {s.name: s for s in all_specs([r.robot_id for r in config.robots], {})}
 
@@ -225,10 +327,12 @@ def runtime_validator(
                 continue
             try:
                 value = check_value(spec, param.value)
-                if parts[2] == 'instruction' and value:
+                if parts[2] == 'instruction':
                     value = check_instruction(value, max_bytes=config.max_instruction_bytes)
-            except (ConfigError, ConversionError) as exc:
+            except ConfigError as exc:
                 return SetParametersResult(successful=False, reason=str(exc))
+            except ConversionError as exc:
+                return SetParametersResult(successful=False, reason=f'{param.name}: {exc}')
             accepted.append((parts[1], parts[2], value))
         for robot_id, name, value in accepted:
             apply(robot_id, name, value)

@@ -13,10 +13,15 @@ The rules a robot relies on live here, free of ROS so they can be tested with a 
 - ``periodic`` robots are due once per period, ``on_image`` robots on every new image;
 - a step whose deadline (image stamp + budget) has passed is refused before it is sent;
 - a result is accepted only for the step in flight, so nothing stale is ever published.
+
+Health over the last ``window_s``: action and image input rates, refusals, and the last error,
+which is shown until a whole window passes without a refusal. ``engine_back`` forgets what a
+lost engine caused (its refusals, and the rate judged over its downtime).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from dataclasses import dataclass
 
@@ -24,9 +29,29 @@ import numpy as np
 
 from vla_sched.ipc.messages import FailureReason, StepFailure, StepRequest, StepResult
 from vla_sched.ros.node_config import RobotConfig
-from vla_sched.ros.windows import EventWindow, MsLatencyWindow
+from vla_sched.ros.text_bounds import MAX_DETAIL_CHARS, bounded
+from vla_sched.ros.windows import CountingThrottle, EventWindow, MsLatencyWindow
 
 NS_PER_S = 1_000_000_000
+LATENCY_WINDOW_CHUNKS = 256  # image stamp to publish latencies kept per robot
+INSTRUCTION_LOG_INTERVAL_S = 5.0  # at most one log line about instruction changes this often
+
+
+def stamp_problem(stamp_ns: int, now_ns: int, *, max_future_ns: int) -> str | None:
+    """Why an image stamped ``stamp_ns`` cannot be an observation at ``now_ns``, or None.
+
+    A zero stamp says nothing about when the image was taken, and one further ahead than
+    ``max_future_ns`` would give chunks (and deadlines) stamped in the future.
+    """
+    if stamp_ns == 0:
+        return 'header.stamp is zero: stamp images with the time they were taken'
+    ahead_ns = stamp_ns - now_ns
+    if ahead_ns > max_future_ns:
+        return (
+            f'header.stamp is {ahead_ns / NS_PER_S:.3f} s ahead of the node clock (more than '
+            f'limits.max_future_stamp_s = {max_future_ns / NS_PER_S:g} s)'
+        )
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,8 +88,10 @@ class RobotView:
     """What /diagnostics reports about one robot, computed at one instant."""
 
     robot_id: str
+    window_s: float  # of the rates, the refusal count and the last error
     target_rate_hz: float
     action_rate_hz: float
+    image_rate_hz: float  # camera images received
     rate_judged: bool  # false until the robot has been active for a whole window
     stamp_to_publish_ms_p50: float  # image stamp to the chunk's publication
     stamp_to_publish_ms_p99: float
@@ -73,7 +100,9 @@ class RobotView:
     num_superseded: int
     num_refused_window: int
     refused_by_reason: dict[str, int]
-    last_error: str
+    last_error: str  # '' when no refusal came in the last window
+    last_error_age_s: float  # NaN without a last error
+    since_last_chunk_s: float  # NaN before the first chunk
     silent_s: float  # seconds since the last image (or since start-up if none came)
     seen_image: bool
 
@@ -102,10 +131,19 @@ class RobotSlot:
         self.num_superseded = 0
         self.refused_by_reason: Counter[str] = Counter()
         self.last_error = ''
-        self.stamp_to_publish = MsLatencyWindow()
+        self.last_error_reason: FailureReason | None = None
+        self.last_error_ns: int | None = None
+        self.last_chunk_ns: int | None = None
+        self.stamp_to_publish = MsLatencyWindow(LATENCY_WINDOW_CHUNKS)
+        self.window_s = float(window_s)
         window_ns = round(window_s * NS_PER_S)
         self._chunk_times = EventWindow(window_ns)
-        self._refusal_times = EventWindow(window_ns)
+        self._image_times = EventWindow(window_ns)
+        self._refusal_times: dict[FailureReason, EventWindow] = {
+            reason: EventWindow(window_ns) for reason in FailureReason
+        }
+        self._judged_since_ns: int | None = None  # set when the engine comes back
+        self.instruction_changes = CountingThrottle(round(INSTRUCTION_LOG_INTERVAL_S * NS_PER_S))
         if config.instruction:
             self.set_instruction(config.instruction)
 
@@ -119,6 +157,7 @@ class RobotSlot:
         if self.first_image_ns is None:
             self.first_image_ns = obs.received_ns
         self.last_image_ns = obs.received_ns
+        self._image_times.add(obs.received_ns)
 
     def set_state(self, state: np.ndarray) -> None:
         self.state = state
@@ -129,11 +168,14 @@ class RobotSlot:
         self.state = None
         self.state_error = detail
 
-    def set_instruction(self, text: str) -> None:
-        if text != self.instruction:
+    def set_instruction(self, text: str) -> bool:
+        """Use ``text`` from now on; whether it differs from the current instruction."""
+        changed = text != self.instruction
+        if changed:
             self.instruction = text
             self.instruction_version += 1
         self.instruction_error = ''
+        return changed
 
     def refuse_instruction(self, detail: str) -> None:
         """A refused instruction stops the robot until a valid one arrives (no old task)."""
@@ -248,6 +290,7 @@ class RobotSlot:
             self.num_deadline_misses += 1
         self.stamp_to_publish.add((now_ns - result.stamp_ns) / 1e6)
         self._chunk_times.add(now_ns)
+        self.last_chunk_ns = now_ns
         return True
 
     def fail(self, failure: StepFailure, now_ns: int) -> Refusal | None:
@@ -280,11 +323,25 @@ class RobotSlot:
         )
 
     def refuse(self, refusal: Refusal, now_ns: int) -> Refusal:
-        """Count a refusal and remember it as the last error."""
+        """Count a refusal and remember it as the last error; returns it with its detail
+        bounded to ``MAX_DETAIL_CHARS``."""
+        detail = bounded(refusal.detail, MAX_DETAIL_CHARS)
+        if detail != refusal.detail:
+            refusal = dataclasses.replace(refusal, detail=detail)
         self.refused_by_reason[refusal.reason.value] += 1
-        self.last_error = f'{refusal.reason.value}: {refusal.detail}'
-        self._refusal_times.add(now_ns)
+        self.last_error = f'{refusal.reason.value}: {detail}'
+        self.last_error_reason = refusal.reason
+        self.last_error_ns = now_ns
+        self._refusal_times[refusal.reason].add(now_ns)
         return refusal
+
+    def engine_back(self, now_ns: int) -> None:
+        """The engine is ready again: forget the refusals its absence caused (and the last
+        error, if it was one of them), and judge the action rate afresh from ``now_ns``."""
+        self._refusal_times[FailureReason.ENGINE_UNAVAILABLE].clear()
+        if self.last_error_reason is FailureReason.ENGINE_UNAVAILABLE:
+            self.last_error, self.last_error_reason, self.last_error_ns = '', None, None
+        self._judged_since_ns = now_ns
 
     def _refusal(
         self, stamp_ns: int, reason: FailureReason, detail: str, *, now_ns: int
@@ -296,21 +353,30 @@ class RobotSlot:
     def view(self, now_ns: int) -> RobotView:
         window_ns = self._chunk_times.window_ns
         active_since = self.first_image_ns
+        if active_since is not None and self._judged_since_ns is not None:
+            active_since = max(active_since, self._judged_since_ns)
         judged = active_since is not None and now_ns - active_since >= window_ns
         silent_since = self.last_image_ns if self.last_image_ns is not None else self.created_ns
+        error_ns = self.last_error_ns
+        recent_error = error_ns is not None and now_ns - error_ns < window_ns
+        chunk_ns = self.last_chunk_ns
         return RobotView(
             robot_id=self.robot_id,
+            window_s=self.window_s,
             target_rate_hz=NS_PER_S / self.period_ns,
             action_rate_hz=self._chunk_times.rate_hz(now_ns, since_ns=active_since),
+            image_rate_hz=self._image_times.rate_hz(now_ns, since_ns=self.first_image_ns),
             rate_judged=judged,
             stamp_to_publish_ms_p50=self.stamp_to_publish.percentile(50),
             stamp_to_publish_ms_p99=self.stamp_to_publish.percentile(99),
             num_chunks=self.num_chunks,
             num_deadline_misses=self.num_deadline_misses,
             num_superseded=self.num_superseded,
-            num_refused_window=self._refusal_times.count(now_ns),
+            num_refused_window=sum(w.count(now_ns) for w in self._refusal_times.values()),
             refused_by_reason=dict(self.refused_by_reason),
-            last_error=self.last_error,
+            last_error=self.last_error if recent_error else '',
+            last_error_age_s=(now_ns - error_ns) / 1e9 if recent_error else float('nan'),
+            since_last_chunk_s=(now_ns - chunk_ns) / 1e9 if chunk_ns is not None else float('nan'),
             silent_s=(now_ns - silent_since) / 1e9,
             seen_image=self.last_image_ns is not None,
         )

@@ -20,7 +20,6 @@ import time
 from collections import Counter
 from typing import Any
 
-import numpy as np
 import rclpy
 from rclpy.executors import ExternalShutdownException
 from rclpy.node import Node
@@ -33,23 +32,10 @@ from std_msgs.msg import String
 from vla_sched.msg import ActionChunk, StepRejected
 from vla_sched.ros.conversions import rgb_to_image, stamp_to_ns
 from vla_sched.ros.windows import EventWindow, MsLatencyWindow
+from vla_sched.synthetic_frames import synthetic_frame
 
 DEFAULT_JOINTS = ('joint_1', 'joint_2', 'joint_3', 'joint_4', 'joint_5', 'joint_6', 'gripper')
 DEADLINE_REASON = 5  # StepRejected.REASON_DEADLINE_MISSED
-
-
-def synthetic_frame(index: int, *, width: int, height: int) -> np.ndarray:
-    """A deterministic RGB frame: a gradient with a square that moves with ``index``."""
-    ys, xs = np.mgrid[0:height, 0:width]
-    frame = np.empty((height, width, 3), dtype=np.uint8)
-    frame[..., 0] = (xs * 255 // max(1, width - 1)).astype(np.uint8)
-    frame[..., 1] = (ys * 255 // max(1, height - 1)).astype(np.uint8)
-    frame[..., 2] = (index * 7) % 256
-    side = max(2, min(width, height) // 4)
-    x0 = (index * 3) % max(1, width - side)
-    y0 = (index * 2) % max(1, height - side)
-    frame[y0 : y0 + side, x0 : x0 + side] = (255, 255, 255)
-    return frame
 
 
 class SimRobotLog:

@@ -58,7 +58,40 @@ class EventWindow:
             return 0.0
         return self.count(now_ns) * 1e9 / span_ns
 
+    def clear(self) -> None:
+        self._times.clear()
+
     def _prune(self, now_ns: int) -> None:
         cutoff = now_ns - self.window_ns
         while self._times and self._times[0] <= cutoff:
             self._times.popleft()
+
+
+class CountingThrottle:
+    """At most one report per ``interval_ns``, each with the number of events since the last.
+
+    ``add`` counts an event and ``due`` hands out the count (then resets it) when a report
+    may be made; events that came too soon wait for a later ``add`` or ``due``.
+    """
+
+    def __init__(self, interval_ns: int) -> None:
+        if interval_ns <= 0:
+            raise ValueError(f'interval_ns must be > 0, got {interval_ns}')
+        self.interval_ns = int(interval_ns)
+        self.num_pending = 0
+        self._last_report_ns: int | None = None
+
+    def add(self, now_ns: int) -> int:
+        """Count one event; the number to report now (0: none yet)."""
+        self.num_pending += 1
+        return self.due(now_ns)
+
+    def due(self, now_ns: int) -> int:
+        """Events to report now: 0 when there are none or the last report was too recent."""
+        if self.num_pending == 0:
+            return 0
+        last = self._last_report_ns
+        if last is not None and now_ns - last < self.interval_ns:
+            return 0
+        count, self.num_pending, self._last_report_ns = self.num_pending, 0, int(now_ns)
+        return count

@@ -25,6 +25,7 @@ from vla_sched.ipc.channel import (
     new_endpoints,
     private_runtime_dir,
     remove_runtime_dir,
+    remove_stale_runtime_dirs,
 )
 from vla_sched.ipc.heartbeat import HeartbeatTracker
 from vla_sched.ipc.messages import CloseSession, EngineInfo, Heartbeat, StepRequest
@@ -74,6 +75,7 @@ class EngineClient:
 
     def _start_process(self) -> None:
         if self._runtime_dir is None:
+            remove_stale_runtime_dirs()  # left by frontends killed with SIGKILL
             self._runtime_dir = private_runtime_dir()
         endpoints = new_endpoints(self._runtime_dir, self._generation)
         self._channel = ZmqChannel(endpoints, bind=True)
@@ -85,7 +87,10 @@ class EngineClient:
             '--heartbeat-period', str(self.link.heartbeat_period_s),
             '--heartbeat-timeout', str(self.link.heartbeat_timeout_s),
         ]  # fmt: skip
-        self._process = subprocess.Popen(cmd)
+        # A session of its own: a terminal's Ctrl-C (SIGINT to the foreground process group)
+        # reaches the frontend only, which stops the engine with SIGTERM; an engine that
+        # outlives a killed frontend ends when the frontend's heartbeats stop.
+        self._process = subprocess.Popen(cmd, start_new_session=True)
 
     def _start_thread(self) -> None:
         from vla_sched.serving.core_factory import build_core
@@ -126,38 +131,55 @@ class EngineClient:
     def stop(self, *, grace_s: float = 5.0) -> None:
         """Stop the engine and drop its connection; queued messages are discarded.
 
-        A process gets ``grace_s`` to exit after SIGTERM, then SIGKILL (0: at once).
+        A process gets ``grace_s`` to exit after SIGTERM, then SIGKILL (0: at once). Even if
+        the wait is interrupted (an exception in this thread), the process is killed and
+        reaped, and the connection closed.
         """
-        if self._process is not None:
-            if grace_s > 0:
-                self._process.terminate()
+        try:
+            self._stop_process(grace_s)
+            self._stop_thread_engine()
+        finally:
+            if self._channel is not None:
+                self._channel.close()
+                self._channel = None
+            self.info = None
+
+    def _stop_process(self, grace_s: float) -> None:
+        process, self._process = self._process, None
+        if process is None:
+            return
+        try:
+            if grace_s > 0 and process.poll() is None:
+                process.terminate()
                 with contextlib.suppress(subprocess.TimeoutExpired):
-                    self._process.wait(timeout=grace_s)
-            if self._process.poll() is None:
-                self._process.kill()
-                self._process.wait()
-            self._process = None
+                    process.wait(timeout=grace_s)
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+
+    def _stop_thread_engine(self) -> None:
         if self._thread is not None:
             assert self._stop_thread is not None
             self._stop_thread.set()
             self._thread.join(timeout=10)
             self._thread = None
-        if self._channel is not None:
-            self._channel.close()
-            self._channel = None
-        self.info = None
 
     def restart(self) -> None:
         """Replace the engine: a dead or silent one is killed at once, not waited for."""
         self.stop(grace_s=0.0)
         self.start()
 
-    def close(self) -> None:
-        """Stop the engine and remove the runtime folder."""
-        self.stop()
-        if self._runtime_dir is not None:
-            remove_runtime_dir(self._runtime_dir)
-            self._runtime_dir = None
+    def close(self, *, grace_s: float = 2.0) -> None:
+        """Stop the engine (``grace_s`` as in ``stop``: an engine still loading its model
+        cannot answer SIGTERM at once) and remove the runtime folder, also if stopping is
+        interrupted."""
+        try:
+            self.stop(grace_s=grace_s)
+        finally:
+            if self._runtime_dir is not None:
+                remove_runtime_dir(self._runtime_dir)
+                self._runtime_dir = None
 
     # --- talking ------------------------------------------------------------------------
 

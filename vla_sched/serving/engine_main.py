@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 import threading
@@ -28,12 +29,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument('--heartbeat-timeout', type=float, required=True)
     args = parser.parse_args(argv)
 
-    config = EngineConfig.from_mapping(json.loads(args.config))
-    core = build_core(config)
-    channel = ZmqChannel(ZmqEndpoints(args.to_engine, args.from_engine), bind=False)
+    # Stopping is the frontend's call (SIGTERM); a terminal's Ctrl-C reaches this process too,
+    # also while the model loads, and must not end it with a traceback.
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
+    config = EngineConfig.from_mapping(json.loads(args.config))
+    core = build_core(config)
+    channel = ZmqChannel(ZmqEndpoints(args.to_engine, args.from_engine), bind=False)
     heartbeat = HeartbeatTracker(
         sender='engine', period_s=args.heartbeat_period, timeout_s=args.heartbeat_timeout
     )
@@ -49,4 +52,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == '__main__':
-    sys.exit(main())
+    status = main()
+    # The channel and the core are closed by now. The interpreter's own teardown (torch's
+    # above all) takes a second or more, which a stopping frontend would wait out: skip it.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)

@@ -1,0 +1,126 @@
+"""bench/gpu_check.py: the prepared GPU run, checked through its CPU dry run.
+
+Every part runs in its own subprocess with rclpy, ZMQ, cv_bridge, cv2 and PIL hidden (as on
+the bare GPU machine); a part that hangs is stopped at its limit and the next part still runs.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / 'bench' / 'gpu_check.py'
+PARTS = ('environment', 'kernels', 'checkpoint', 'model', 'engine_core', 'serving', 'scheduler')
+
+
+def _run(out: Path, *args: str, timeout_s: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), '--out', str(out), '--dry-run', *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )
+
+
+@pytest.fixture(scope='module')
+def dry_run(tmp_path_factory) -> tuple[subprocess.CompletedProcess, dict, str]:
+    out = tmp_path_factory.mktemp('gpu_check')
+    done = _run(out, '--budget-s', '360')
+    results = json.loads((out / 'results.json').read_text())
+    return done, results, (out / 'report.md').read_text()
+
+
+def test_dry_run_runs_every_part_ok_and_says_so_with_timestamps(dry_run):
+    done, results, report = dry_run
+    assert done.returncode == 0, done.stdout[-3000:]
+    assert {name: e['status'] for name, e in results['parts'].items()} == dict.fromkeys(
+        PARTS, 'ok'
+    )
+    for name in PARTS:
+        assert f'] {name}: ok in ' in done.stdout
+        assert f'| {name} | ok |' in report
+    assert results['dry_run'] is True and results['hidden_modules']
+
+
+def test_dry_run_records_the_numbers_each_part_must_produce(dry_run):
+    _, results, report = dry_run
+    data = {name: e['data'] for name, e in results['parts'].items()}
+    env = data['environment']
+    assert env['copy_gb_per_s'] > 0 and env['matmul_tflops'] > 0
+    assert {'python', 'torch', 'triton', 'transformers', 'numpy'} <= set(env['versions'])
+    kernels = data['kernels']
+    assert [r['kernel'] for r in kernels['rows']] == ['decode', 'extend', 'store_kv']
+    assert all(r['ms'] > 0 and r['gbs'] >= 0 and 'copy_share' in r for r in kernels['rows'])
+    assert any('every benchmark shape' in check for check in kernels['checks'])
+    model = data['model']
+    assert model['logits']['max_relative_error'] < 1e-3  # fp32, same weights
+    (batch,) = model['batches']
+    for engine in ('eager', 'graphs', 'transformers'):
+        assert batch[engine]['step_ms'] > 0
+    for share in ('graphs_equal_eager_share', 'eager_equal_transformers_share'):
+        assert 0.0 <= batch[share] <= 1.0
+    assert model['floor']['step_ms'] > 0 and model['runner_step_over_floor'] > 0
+    core = data['engine_core']
+    assert core['num_steps_sent'] == 8 and core['num_results'] + core['num_failures'] == 8
+    assert core['num_integrity_checks'] >= core['num_steps_sent']
+    serving = data['serving']
+    assert [p['num_robots'] for p in serving['points']] == [1, 2]
+    for point in serving['points']:
+        assert point['num_results'] > 0 and point['latency_ms_p99'] >= point['latency_ms_p50']
+        assert point['target_actions_per_s'] == point['num_robots'] * 10
+    assert serving['robots_bound'] > 0 and 'bound_share_served' in serving
+    assert 'one_robot_step_over_floor' in serving
+    points = data['scheduler']['points']
+    assert {(p['runner'], p['overlap']) for p in points} == {
+        (runner, overlap) for runner in ('null', 'model') for overlap in (False, True)
+    }
+    assert len(results['targets']) == 4 and all('met' in t for t in results['targets'])
+    for header in ('## Targets', '## Kernels', '## Model', '## Engine core', '## Serving'):
+        assert header in report
+
+
+def test_a_hanging_part_is_stopped_at_its_limit_and_the_next_part_still_runs(tmp_path):
+    done = _run(
+        tmp_path,
+        *('--parts', 'environment', 'checkpoint'),
+        *('--inject-hang', 'environment', '--limit', 'environment=3'),
+    )
+    results = json.loads((tmp_path / 'results.json').read_text())
+    parts = results['parts']
+    assert parts['environment']['status'] == 'timed out'
+    assert 'hanging on purpose' in '\n'.join(parts['environment']['output_tail'])
+    assert parts['checkpoint']['status'] == 'ok'
+    assert parts['model'] == {'status': 'skipped', 'why': 'not selected (--parts)'}
+    assert done.returncode == 1  # a part that did not end ok fails the run
+    assert '| environment | timed out |' in (tmp_path / 'report.md').read_text()
+
+
+def test_parts_that_read_the_checkpoint_are_skipped_with_why_when_it_is_missing(tmp_path):
+    done = _run(tmp_path, '--parts', 'engine_core')
+    parts = json.loads((tmp_path / 'results.json').read_text())['parts']
+    assert parts['engine_core']['status'] == 'skipped'
+    assert 'checkpoint' in parts['engine_core']['why']
+    assert done.returncode == 0
+
+
+def test_hidden_modules_cannot_be_imported_but_their_metadata_still_reads():
+    code = (
+        'import importlib.metadata, importlib.util, sys\n'
+        f'sys.path.insert(0, {str(ROOT)!r})\n'
+        'from bench.gpu_check import hide_modules\n'
+        "hide_modules(('numpy',))\n"
+        "assert importlib.util.find_spec('numpy') is None\n"
+        "assert importlib.metadata.version('numpy')\n"
+        'try:\n'
+        '    import numpy\n'
+        'except ModuleNotFoundError:\n'
+        "    print('hidden')\n"
+    )
+    done = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True)
+    assert done.stdout.strip() == 'hidden', done.stderr

@@ -1,0 +1,156 @@
+"""The launch files' arguments, checked before any process starts.
+
+``launch/vla_sched.launch.py`` and ``launch/sim_robots.launch.py`` call
+``check_launch_arguments`` from an ``OpaqueFunction`` that returns their ``Node`` actions only
+after it passed: a bad value raises ``LaunchArgumentError`` naming the argument, launch exits
+having started nothing, and nothing can outlive it. Plain Python (no launch import), so the
+tests call it directly; ``sim_robots`` says which simulated robots to start as plain data.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+TRUE_WORDS = ('true', '1')  # what launch's IfCondition takes, in any case
+FALSE_WORDS = ('false', '0')
+AGGREGATOR_PACKAGE = 'diagnostic_aggregator'
+
+
+class LaunchArgumentError(ValueError):
+    """One or more launch arguments are unusable; the message names each."""
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchArguments:
+    """Checked launch arguments; ``None`` where the launch file has no such argument."""
+
+    namespace: str = ''
+    num_sim_robots: int | None = None
+    sim_rate_hz: float | None = None
+    start_aggregator: bool | None = None
+    params_file: Path | None = None
+    analyzers_file: Path | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SimRobot:
+    """One simulated robot process: its node name, namespace and command-line arguments."""
+
+    robot_id: str
+    node_name: str
+    namespace: str
+    arguments: tuple[str, ...]
+
+
+def ros_package_installed(name: str) -> bool:
+    """Whether the ament index (AMENT_PREFIX_PATH) lists the package ``name``."""
+    from ament_index_python.packages import PackageNotFoundError, get_package_prefix
+
+    try:
+        get_package_prefix(name)
+    except PackageNotFoundError:
+        return False
+    return True
+
+
+def check_launch_arguments(
+    values: Mapping[str, str],
+    *,
+    package_installed: Callable[[str], bool] = ros_package_installed,
+) -> LaunchArguments:
+    """Check the launch arguments in ``values`` (name to the text launch gives) and convert
+    them; an argument that is absent is not checked.
+
+    - ``num_sim_robots``: a non-negative integer.
+    - ``sim_rate``: a positive, finite number (Hz).
+    - ``start_aggregator``: true or false (or 1 / 0); when true, ``diagnostic_aggregator``
+      must be installed (``package_installed``) and ``analyzers_file`` readable.
+    - ``params_file``: a readable YAML file holding a mapping.
+
+    Raises:
+        LaunchArgumentError: naming every unusable argument and its value.
+    """
+    problems: list[str] = []
+    fields: dict[str, object] = {'namespace': values.get('namespace', '').strip('/')}
+    if 'num_sim_robots' in values:
+        fields['num_sim_robots'] = _count(values['num_sim_robots'], problems)
+    if 'sim_rate' in values:
+        fields['sim_rate_hz'] = _rate(values['sim_rate'], problems)
+    if 'start_aggregator' in values:
+        start = _flag('start_aggregator', values['start_aggregator'], problems)
+        fields['start_aggregator'] = start
+        if start and not package_installed(AGGREGATOR_PACKAGE):
+            problems.append(
+                f'start_aggregator:=true needs the {AGGREGATOR_PACKAGE} package, which is not '
+                f'installed (apt install ros-<distro>-diagnostic-aggregator)'
+            )
+        if start and 'analyzers_file' in values:
+            fields['analyzers_file'] = _yaml_file('analyzers_file', values, problems)
+    if 'params_file' in values:
+        fields['params_file'] = _yaml_file('params_file', values, problems)
+    if problems:
+        raise LaunchArgumentError('bad launch arguments: ' + '; '.join(problems))
+    return LaunchArguments(**fields)
+
+
+def sim_robots(args: LaunchArguments) -> list[SimRobot]:
+    """robot_0 .. robot_<N-1>, each under ``/<namespace>/<robot id>`` (``/<robot id>``
+    without a namespace), as the node's default topic namespaces expect."""
+    count = args.num_sim_robots or 0
+    rate = f'{args.sim_rate_hz if args.sim_rate_hz is not None else 10.0:g}'
+    robots = []
+    for index in range(count):
+        robot_id = f'robot_{index}'
+        namespace = f'/{args.namespace}/{robot_id}' if args.namespace else f'/{robot_id}'
+        arguments = ('--robot-id', robot_id, '--rate', rate, '--report-period', '5')
+        robots.append(SimRobot(robot_id, f'sim_{robot_id}', namespace, arguments))
+    return robots
+
+
+def _count(text: str, problems: list[str]) -> int | None:
+    if re.fullmatch(r'[0-9]+', text.strip()):
+        return int(text)
+    problems.append(f'num_sim_robots must be a non-negative integer, got {text!r}')
+    return None
+
+
+def _rate(text: str, problems: list[str]) -> float | None:
+    try:
+        rate = float(text)
+    except ValueError:
+        rate = math.nan
+    if math.isfinite(rate) and rate > 0:
+        return rate
+    problems.append(f'sim_rate must be a positive number (Hz), got {text!r}')
+    return None
+
+
+def _flag(name: str, text: str, problems: list[str]) -> bool | None:
+    word = text.strip().lower()
+    if word in TRUE_WORDS or word in FALSE_WORDS:
+        return word in TRUE_WORDS
+    problems.append(f'{name} must be true or false, got {text!r}')
+    return None
+
+
+def _yaml_file(name: str, values: Mapping[str, str], problems: list[str]) -> Path | None:
+    path = Path(values[name]).expanduser()
+    if not path.is_file() or not os.access(path, os.R_OK):
+        problems.append(f'{name} {str(path)!r} is not a readable file')
+        return None
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        problems.append(f'{name} {str(path)!r} is not valid YAML: {exc}')
+        return None
+    if not isinstance(data, dict):
+        problems.append(f'{name} {str(path)!r} holds no YAML mapping of node names')
+        return None
+    return path
