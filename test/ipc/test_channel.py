@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import stat
+import time
 
 import numpy as np
 import pytest
@@ -53,7 +54,17 @@ def test_zmq_channel_carries_arrays_between_bound_and_connected_ends(runtime_dir
         engine.send(result)
         got = frontend.recv(timeout_s=5.0)
         np.testing.assert_array_equal(got.actions, result.actions)
-        frontend.send(m.CloseSession('a'))
+        # The frontend sends only on live connections, and the engine's inbound connection
+        # may come up after its outbound one has delivered: retry until it is up.
+        deadline = time.monotonic() + 10.0
+        while True:
+            try:
+                frontend.send(m.CloseSession('a'))
+                break
+            except ChannelClosedError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.01)
         assert engine.recv(timeout_s=5.0) == m.CloseSession('a')
         assert frontend.recv(timeout_s=0.0) is None
     finally:

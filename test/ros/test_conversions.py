@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import cv2
 import numpy as np
 import pytest
 from sensor_msgs.msg import CompressedImage, Image, JointState
@@ -97,21 +98,25 @@ def test_empty_and_oversized_images_are_refused():
         image_to_rgb(rgb_to_image(_rgb()), max_pixels=34)
 
 
-def test_png_compressed_image_decodes_to_rgb():
-    import cv2
-
-    rgb = _rgb(8, 6)
+def _png(rgb: np.ndarray) -> bytes:
     ok, png = cv2.imencode('.png', np.ascontiguousarray(rgb[..., ::-1]))
     assert ok
-    msg = CompressedImage(format='png', data=png.tobytes())
+    return png.tobytes()
+
+
+def test_png_compressed_image_decodes_to_rgb():
+    rgb = _rgb(8, 6)
+    msg = CompressedImage(format='png', data=_png(rgb))
     np.testing.assert_array_equal(compressed_to_rgb(msg), rgb)
 
 
 def test_compressed_garbage_and_unknown_formats_are_refused():
     with pytest.raises(ImageError, match='format'):
         compressed_to_rgb(CompressedImage(format='tiff', data=b'abc'))
-    with pytest.raises(ImageError, match=r'cannot be decoded|did not decode'):
+    with pytest.raises(ImageError, match='neither PNG nor JPEG'):
         compressed_to_rgb(CompressedImage(format='jpeg', data=b'not a jpeg at all'))
+    with pytest.raises(ImageError, match=r'cannot be decoded|did not decode'):
+        compressed_to_rgb(CompressedImage(format='png', data=_png(_rgb(8, 6))[:60]))
     with pytest.raises(ImageError, match='no data'):
         compressed_to_rgb(CompressedImage(format='png', data=b''))
 

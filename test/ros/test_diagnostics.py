@@ -62,6 +62,7 @@ def _engine(state: str = READY, **overrides) -> EngineView:
         heartbeat_age_s=0.1,
         state_age_s=2.0,
         num_restarts=0,
+        restart_attempt=0,
         since_restart_s=NAN,
         uptime_s=2.0,
         last_error='',
@@ -192,10 +193,16 @@ def test_a_queue_above_its_threshold_turns_the_scheduler_warn():
 
 
 def test_dead_engine_is_error_and_reports_no_stale_statistics():
-    view = _engine(DEAD, last_error='no heartbeat for 1.02 s', restart_in_s=0.5, uptime_s=NAN)
+    view = _engine(
+        DEAD,
+        last_error='no heartbeat for 1.02 s',
+        restart_in_s=0.5,
+        restart_attempt=3,
+        uptime_s=NAN,
+    )
     data = _sched(view)
     assert data.level == d.ERROR
-    assert data.message == 'engine dead: no heartbeat for 1.02 s; restart in 0.5 s'
+    assert data.message == 'engine dead: no heartbeat for 1.02 s; restart in 0.5 s (attempt 3)'
     values = dict(data.values)
     assert values['engine state'] == 'dead' and values['engine uptime (s)'] == 'n/a'
     assert values['waiting queue depth'] == 'n/a' and values['stats age (s)'] == 'n/a'
@@ -334,3 +341,21 @@ def test_scheduler_status_says_what_the_prompt_layout_lets_the_cache_share():
     assert values['prompt layout'] == 'image first: frames share only BOS'
     values = dict(_sched(_engine(prompt_layout='')).values)
     assert values['prompt layout'] == 'n/a'
+
+
+def test_a_dead_engine_shows_its_next_restart_and_attempt_and_a_running_one_none():
+    dead = _sched(_engine(DEAD, restart_in_s=4.0, restart_attempt=3, stats=None, uptime_s=NAN))
+    values = dict(dead.values)
+    assert values[d.NEXT_RESTART_KEY] == '4.0' and values[d.RESTART_ATTEMPT_KEY] == '3'
+    values = dict(_sched(_engine()).values)
+    assert values[d.NEXT_RESTART_KEY] == 'n/a' and values[d.RESTART_ATTEMPT_KEY] == '0'
+
+
+def test_bad_frames_are_shown_both_ways_and_unknown_without_engine_stats():
+    view = _engine(num_bad_frames=2, stats=_stats(num_bad_frames_received=3))
+    values = dict(_sched(view).values)
+    assert values['bad frames from the engine'] == '2'
+    assert values['bad frames from the node'] == '3'
+    values = dict(_sched(_engine(STARTING, num_bad_frames=2, stats=None)).values)
+    assert values['bad frames from the engine'] == '2'
+    assert values['bad frames from the node'] == 'n/a'

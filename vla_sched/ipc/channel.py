@@ -22,6 +22,7 @@ from typing import Any, Protocol
 from vla_sched.ipc import codec
 
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+IPC_SCHEME = 'ipc://'
 
 
 class ChannelClosedError(RuntimeError):
@@ -34,7 +35,11 @@ class Channel(Protocol):
         ...
 
     def recv(self, timeout_s: float = 0.0) -> Any | None:
-        """The next message, waiting up to ``timeout_s``; None if none arrived."""
+        """The next message, waiting up to ``timeout_s``; None if none arrived.
+
+        A channel that decodes frames raises ``codec.CodecError`` for a malformed one; that
+        frame is consumed, so the next call returns what came after it.
+        """
         ...
 
     def close(self) -> None: ...
@@ -133,7 +138,11 @@ def _process_exists(pid: int) -> bool:
 
 
 class ZmqChannel:
-    """A PUSH/PULL pair over ``ipc://``; the frontend side binds, the engine side connects."""
+    """A PUSH/PULL pair over ``ipc://``; the frontend side binds, the engine side connects.
+
+    The binding end removes its two socket files when it is closed, so a restart's earlier
+    sockets do not pile up in the runtime folder.
+    """
 
     def __init__(
         self,
@@ -164,9 +173,15 @@ class ZmqChannel:
             if not bind
             else (endpoints.to_engine, endpoints.from_engine)
         )
+        self._bound_paths: tuple[Path, ...] = ()
         if bind:
             self._push.bind(out_addr)
             self._pull.bind(in_addr)
+            self._bound_paths = tuple(
+                Path(addr.removeprefix(IPC_SCHEME))
+                for addr in (out_addr, in_addr)
+                if addr.startswith(IPC_SCHEME)
+            )
         else:
             self._push.connect(out_addr)
             self._pull.connect(in_addr)
@@ -183,6 +198,7 @@ class ZmqChannel:
             raise ChannelClosedError('no engine connected, or its queue is full') from exc
 
     def recv(self, timeout_s: float = 0.0) -> Any | None:
+        """See ``Channel.recv``: raises ``codec.CodecError`` for a malformed message."""
         if self._closed:
             raise ChannelClosedError('zmq channel is closed')
         if not self._poller.poll(max(0, int(timeout_s * 1000))):
@@ -196,13 +212,15 @@ class ZmqChannel:
             self._push.close(0)
             self._pull.close(0)
             self._ctx.term()
+            for path in self._bound_paths:
+                path.unlink(missing_ok=True)
 
 
 def new_endpoints(runtime_dir: Path, generation: int) -> ZmqEndpoints:
     """Fresh socket addresses in ``runtime_dir`` for the ``generation``-th engine start."""
     return ZmqEndpoints(
-        to_engine=f'ipc://{runtime_dir}/to_engine.{generation}',
-        from_engine=f'ipc://{runtime_dir}/from_engine.{generation}',
+        to_engine=f'{IPC_SCHEME}{runtime_dir}/to_engine.{generation}',
+        from_engine=f'{IPC_SCHEME}{runtime_dir}/from_engine.{generation}',
     )
 
 

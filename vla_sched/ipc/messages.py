@@ -133,6 +133,8 @@ class EngineStats:
     itl_ms_p99: float
     aborts_by_reason: dict[str, int] = field(default_factory=dict)
     robots: dict[str, RobotStats] = field(default_factory=dict)
+    # Frames from the frontend the engine refused (unreadable, or not a message for it).
+    num_bad_frames_received: int = 0
 
 
 @dataclass(frozen=True, slots=True)

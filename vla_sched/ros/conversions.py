@@ -6,12 +6,18 @@ ignores ``step`` (a padded image decodes into sheared rows), crashes on ``is_big
 NumPy 2, and decodes ``16UC1`` as 8-bit. So the node accepts ``rgb8``, ``bgr8`` and ``mono8``
 (expanded to three channels), repacks padded rows itself, and refuses everything else.
 
+Compressed images are sized from their header before anything is decoded: a PNG's IHDR chunk
+or a JPEG's SOFn marker states the width and height, and an image declaring more than the
+limit is refused without allocating anything it declares (a few hundred bytes of PNG can
+declare 12000 x 12000 pixels). Data that is neither PNG nor JPEG is refused undecoded.
+
 Every refusal raises ``ConversionError`` (or a subclass) whose message names the field.
 """
 
 from __future__ import annotations
 
 import math
+import struct
 from collections.abc import Sequence
 
 import cv2
@@ -23,6 +29,12 @@ from sensor_msgs.msg import CompressedImage, Image, JointState
 ACCEPTED_ENCODINGS = {'rgb8': 3, 'bgr8': 3, 'mono8': 1}
 ACCEPTED_COMPRESSED_FORMATS = ('jpeg', 'jpg', 'png')
 DEFAULT_MAX_IMAGE_PIXELS = 4096 * 4096
+PNG_SIGNATURE = b'\x89PNG\r\n\x1a\n'
+JPEG_SOI = b'\xff\xd8'
+# SOFn markers carry the frame size; C4 (DHT), C8 (JPG) and CC (DAC) share the range but not.
+_JPEG_SOF_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
+_JPEG_STANDALONE_MARKERS = frozenset({0x01, *range(0xD0, 0xD8)})  # TEM, RSTn: no length
+_JPEG_SOS, _JPEG_EOI = 0xDA, 0xD9
 
 
 class ConversionError(ValueError):
@@ -97,13 +109,99 @@ def _packed_copy(msg: Image, *, height: int, width: int, row_len: int) -> Image:
     return packed
 
 
+def png_size(data: bytes | memoryview) -> tuple[int, int]:
+    """``(width, height)`` from a PNG's IHDR chunk, reading only its first 24 bytes.
+
+    Raises:
+        ImageError: no PNG signature, a truncated header, a first chunk that is not a
+            13-byte IHDR, or a zero width or height.
+    """
+    head = bytes(data[:24])
+    if head[:8] != PNG_SIGNATURE:
+        raise ImageError('compressed image is not a PNG (no PNG signature)')
+    if len(head) < 24:
+        raise ImageError(f'PNG header is truncated: {len(head)} of 24 bytes')
+    chunk_len, chunk_type, width, height = struct.unpack('>I4sII', head[8:24])
+    if chunk_type != b'IHDR' or chunk_len != 13:
+        raise ImageError(f'PNG does not start with a 13-byte IHDR chunk ({chunk_type!r})')
+    if width == 0 or height == 0:
+        raise ImageError(f'PNG header declares an empty image {width}x{height}')
+    return width, height
+
+
+def jpeg_size(data: bytes | memoryview) -> tuple[int, int]:
+    """``(width, height)`` from a JPEG's first SOFn marker, walking the marker segments
+    before it (each step moves forward, so any input ends the walk).
+
+    Raises:
+        ImageError: no SOI marker, a truncated or malformed segment, scan data or the end
+            of the image before a frame header, or a zero width or height (a height given
+            later by a DNL marker is not supported).
+    """
+    view = memoryview(data)
+    size = len(view)
+    if bytes(view[:2]) != JPEG_SOI:
+        raise ImageError('compressed image is not a JPEG (no SOI marker)')
+    pos = 2
+    while True:
+        if pos >= size:
+            raise ImageError('JPEG ends before its frame header (SOFn)')
+        if view[pos] != 0xFF:
+            raise ImageError(f'JPEG has no marker at byte {pos}')
+        while pos < size and view[pos] == 0xFF:  # the marker's 0xFF and any fill bytes
+            pos += 1
+        if pos >= size:
+            raise ImageError('JPEG ends before its frame header (SOFn)')
+        marker = view[pos]
+        pos += 1
+        if marker in _JPEG_STANDALONE_MARKERS:
+            continue
+        if marker in (_JPEG_SOS, _JPEG_EOI, 0x00):
+            raise ImageError(f'JPEG reaches marker 0x{marker:02X} before its frame header')
+        if pos + 2 > size:
+            raise ImageError('JPEG header is truncated in a segment length')
+        (segment_len,) = struct.unpack('>H', view[pos : pos + 2])
+        if segment_len < 2:
+            raise ImageError(f'JPEG segment 0x{marker:02X} has length {segment_len}')
+        if marker in _JPEG_SOF_MARKERS:
+            if segment_len < 8 or pos + 7 > size:
+                raise ImageError('JPEG frame header (SOFn) is truncated')
+            height, width = struct.unpack('>HH', view[pos + 3 : pos + 7])
+            if width == 0 or height == 0:
+                raise ImageError(f'JPEG frame header declares {width}x{height} (not supported)')
+            return width, height
+        pos += segment_len
+
+
+def compressed_size(data: bytes | memoryview) -> tuple[str, int, int]:
+    """``(kind, width, height)`` of PNG or JPEG ``data`` as its header declares them; nothing
+    is decoded.
+
+    Raises:
+        ImageError: the data is neither PNG nor JPEG, or its header is malformed.
+    """
+    head = bytes(data[:8])
+    if head.startswith(PNG_SIGNATURE[:4]):
+        return ('png', *png_size(data))
+    if head.startswith(JPEG_SOI):
+        return ('jpeg', *jpeg_size(data))
+    raise ImageError(
+        f'compressed image data is neither PNG nor JPEG (starts with {head[:4].hex()}); '
+        'it is not decoded'
+    )
+
+
 def compressed_to_rgb(
     msg: CompressedImage, *, max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
 ) -> np.ndarray:
     """Convert a JPEG or PNG ``sensor_msgs/CompressedImage`` to uint8 RGB ``[H, W, 3]``.
 
+    The size its header declares is checked against ``max_pixels`` before decoding.
+
     Raises:
-        ImageError: unknown format, undecodable data, or too many pixels.
+        ImageError: unknown format, neither PNG nor JPEG data, a malformed header, a
+            declared size over ``max_pixels``, undecodable data, or decoded pixels that
+            differ from the declared size.
     """
     kind = msg.format.split(';')[0].strip().lower()
     if kind not in ACCEPTED_COMPRESSED_FORMATS and not kind.startswith(('rgb8', 'bgr8')):
@@ -113,14 +211,23 @@ def compressed_to_rgb(
         )
     if len(msg.data) == 0:
         raise ImageError('compressed image has no data')
+    data_kind, width, height = compressed_size(msg.data)
+    if width * height > max_pixels:
+        raise ImageError(
+            f'{data_kind} header declares {width}x{height} = {width * height} pixels; '
+            f'limits.max_image_pixels is {max_pixels}'
+        )
     try:
         rgb = CvBridge().compressed_imgmsg_to_cv2(msg, desired_encoding='rgb8')
     except (CvBridgeError, cv2.error) as exc:
         raise ImageError(f'compressed image cannot be decoded: {exc}') from exc
     if rgb is None or rgb.ndim != 3 or rgb.shape[2] != 3:
         raise ImageError('compressed image did not decode to a colour image')
-    if rgb.shape[0] * rgb.shape[1] > max_pixels:
-        raise ImageError(f'image size {rgb.shape[1]}x{rgb.shape[0]} exceeds {max_pixels}')
+    if rgb.shape[:2] != (height, width):
+        raise ImageError(
+            f'{data_kind} decoded to {rgb.shape[1]}x{rgb.shape[0]}, its header declares '
+            f'{width}x{height}'
+        )
     return np.ascontiguousarray(rgb, dtype=np.uint8)
 
 

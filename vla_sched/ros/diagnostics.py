@@ -16,6 +16,11 @@ Latency keys name their two ends: the scheduler's engine step latency runs from 
 arrival in the engine to its finish there; a robot's from its image's stamp to the chunk's
 publication by the node. A robot's engine numbers come from the latest ``EngineStats``.
 
+Refused frames are counted both ways: ``bad frames from the engine`` by the node over
+its life, ``bad frames from the node`` by the running engine (from its ``EngineStats``).
+A dead engine's status says when it restarts and the restart's number in its row of
+restarts (``engine restart attempt``, 0 once the engine has run long enough to end the row).
+
 Levels, scheduler: ERROR when the engine is dead; WARN while it starts, for ``window_s``
 after it came back from a restart, when steps were retracted in the engine's retract window,
 or when more than ``queue_warn_threshold`` steps wait; OK otherwise. Robot: STALE until its
@@ -62,6 +67,10 @@ TTFT_P50_KEY = (
 )
 RETRACTS_WINDOW_KEY = f'retracts in last {ENGINE_RETRACT_WINDOW_S:g} s'
 CACHE_HIT_KEY = 'radix cache hit rate (%)'
+RESTART_ATTEMPT_KEY = 'engine restart attempt'
+NEXT_RESTART_KEY = 'next engine restart in (s)'
+BAD_FRAMES_FROM_ENGINE_KEY = 'bad frames from the engine'
+BAD_FRAMES_FROM_NODE_KEY = 'bad frames from the node'
 E2E_P50_KEY = f'latency (image stamp to publish) p50 over last {LATENCY_WINDOW_CHUNKS} chunks (ms)'
 E2E_P99_KEY = E2E_P50_KEY.replace(' p50 ', ' p99 ')
 
@@ -72,10 +81,13 @@ ENGINE_KEYS = (
     'model',
     'prompt layout',
     'engine restarts',
+    RESTART_ATTEMPT_KEY,
+    NEXT_RESTART_KEY,
     'time since last engine restart (s)',
     'engine uptime (s)',
     'engine last error',
     'engine heartbeat age (s)',
+    BAD_FRAMES_FROM_ENGINE_KEY,
 )
 STATS_KEYS = (
     'waiting queue depth',
@@ -94,6 +106,7 @@ STATS_KEYS = (
     'worst robot',
     'worst robot inter-token latency p99 (ms)',
     'worst robot deadline misses',
+    BAD_FRAMES_FROM_NODE_KEY,
 )
 SCHEDULER_KEYS = (*ENGINE_KEYS, *STATS_KEYS, 'stats age (s)')
 ENGINE_ROBOT_KEYS = (
@@ -216,10 +229,13 @@ def scheduler_data(
         ('model', view.model_name + (' (random weights)' if view.random_weights else '')),
         ('prompt layout', _text(view.prompt_layout)),
         ('engine restarts', str(view.num_restarts)),
+        (RESTART_ATTEMPT_KEY, str(view.restart_attempt)),
+        (NEXT_RESTART_KEY, _num(view.restart_in_s)),
         ('time since last engine restart (s)', _num(view.since_restart_s)),
         ('engine uptime (s)', _num(view.uptime_s)),
         ('engine last error', _text(view.last_error)),
         ('engine heartbeat age (s)', _num(view.heartbeat_age_s, 2)),
+        (BAD_FRAMES_FROM_ENGINE_KEY, str(view.num_bad_frames)),
     ]
     values.extend(_stats_values(stats, robots))
     values.append(('stats age (s)', _num(view.stats_age_s, 2) if stats else NO_DATA))
@@ -230,7 +246,11 @@ def _scheduler_level(
     view: EngineView, stats: EngineStats | None, cfg: DiagnosticsConfig
 ) -> tuple[int, str]:
     if view.state == DEAD:
-        when = '' if view.restart_in_s is None else f'; restart in {view.restart_in_s:.1f} s'
+        when = (
+            ''
+            if view.restart_in_s is None
+            else f'; restart in {view.restart_in_s:.1f} s (attempt {view.restart_attempt})'
+        )
         return ERROR, f'engine dead: {_cause(view.last_error)}{when}'
     if view.state != READY:
         after = f' after a crash: {_cause(view.last_error)}' if view.num_restarts else ''
@@ -289,6 +309,7 @@ def _stats_values(stats: EngineStats | None, robots: Sequence[RobotView]) -> lis
         ('worst robot', worst_id),
         ('worst robot inter-token latency p99 (ms)', _num(worst and worst.itl_ms_p99, 2)),
         ('worst robot deadline misses', NO_DATA if worst_misses is None else str(worst_misses)),
+        (BAD_FRAMES_FROM_NODE_KEY, str(stats.num_bad_frames_received)),
     ]
 
 

@@ -5,11 +5,15 @@ Per robot (under its namespace) it subscribes ``camera/image_raw`` (sensor-data 
 and publishes ``vla/action_chunk``, ``vla/step_rejected`` and, if enabled,
 ``vla/joint_trajectory``. It publishes ``/diagnostics`` at ``diagnostics.period_s``.
 
-Callbacks only convert and enqueue (into the robot's ``RobotSlot``). One timer, every
+Callbacks only check and enqueue: camera images are converted (decoded, checked against
+``limits.max_image_pixels`` from their header first) by ``ImageIntake`` worker threads, so a
+slow or hostile image never holds this executor; a guard condition brings each converted
+image back here, into the robot's ``RobotSlot`` (newest observation wins). One timer, every
 ``engine.poll_period_s``, collects the engine's messages, publishes results, and sends each
 robot that is due its newest observation. When the engine dies, every step in flight is
 answered with StepRejected(ENGINE_UNAVAILABLE), nothing it computed is published, and the
-engine is restarted after ``engine.restart_delay_s``.
+engine is restarted after ``engine.restart_delay_s``, doubling for each death in a row
+up to ``engine.restart_max_delay_s``.
 
     python -m vla_sched.ros.node --ros-args --params-file config/vla_sched.yaml
 """
@@ -17,6 +21,7 @@ engine is restarted after ``engine.restart_delay_s``.
 from __future__ import annotations
 
 import contextlib
+import functools
 import sys
 from collections.abc import Sequence
 
@@ -32,6 +37,7 @@ from sensor_msgs.msg import CompressedImage, Image, JointState
 from std_msgs.msg import String
 from trajectory_msgs.msg import JointTrajectory
 
+from vla_sched.ipc.codec import CodecError
 from vla_sched.ipc.messages import (
     CloseSession,
     EngineInfo,
@@ -52,6 +58,7 @@ from vla_sched.ros.conversions import (
 )
 from vla_sched.ros.engine_clock import engine_clock
 from vla_sched.ros.engine_link import EngineLink
+from vla_sched.ros.image_intake import Converted, ImageIntake
 from vla_sched.ros.node_config import ConfigError, FrontendConfig
 from vla_sched.ros.robot_slot import Observation, Refusal, RobotSlot, stamp_problem
 from vla_sched.ros.shutdown import ShutdownRequest
@@ -105,6 +112,8 @@ class VlaSchedNode(Node):
             r.robot_id: RobotSlot(r, window_s=window_s, created_ns=now) for r in self.config.robots
         }
         self.topics = {rid: RobotTopics(self, slot) for rid, slot in self.slots.items()}
+        self._converted_ready = self.create_guard_condition(self._take_converted)
+        self.intake = ImageIntake(on_ready=self._wake_for_converted)
         for slot in self.slots.values():
             self._subscribe(slot)
         self.link = EngineLink((client_factory or _engine_client)(self.config), self.config.link)
@@ -157,16 +166,38 @@ class VlaSchedNode(Node):
         if problem is not None:
             self._refuse(slot, FailureReason.MALFORMED_IMAGE, problem, stamp, now)
             return
-        try:
-            limit = self.config.max_image_pixels
-            if compressed:
-                rgb = compressed_to_rgb(msg, max_pixels=limit)
-            else:
-                rgb = image_to_rgb(msg, max_pixels=limit)
-        except ConversionError as exc:
-            self._refuse(slot, FailureReason.MALFORMED_IMAGE, str(exc), stamp, now)
+        convert = compressed_to_rgb if compressed else image_to_rgb
+        job = functools.partial(convert, msg, max_pixels=self.config.max_image_pixels)
+        if self.intake.submit(slot.robot_id, job, stamp_ns=stamp, received_ns=now):
+            slot.supersede_unconverted()
+
+    def _wake_for_converted(self) -> None:
+        """Called from an intake worker: wake the executor to take the result."""
+        with contextlib.suppress(Exception):  # the node is being destroyed
+            self._converted_ready.trigger()
+
+    def _take_converted(self) -> None:
+        """Converted images into their slots, refused ones answered (executor thread)."""
+        for converted in self.intake.take():
+            self._on_converted(self.slots[converted.robot_id], converted)
+
+    def _on_converted(self, slot: RobotSlot, converted: Converted) -> None:
+        if converted.image is None:
+            self._refuse(
+                slot,
+                FailureReason.MALFORMED_IMAGE,
+                converted.error,
+                converted.stamp_ns,
+                self._now_ns(),
+            )
             return
-        slot.offer_image(Observation(image=rgb, stamp_ns=stamp, received_ns=now))
+        slot.offer_image(
+            Observation(
+                image=converted.image,
+                stamp_ns=converted.stamp_ns,
+                received_ns=converted.received_ns,
+            )
+        )
 
     def _on_joints(self, slot: RobotSlot, msg) -> None:
         names = slot.config.state_joint_names
@@ -212,6 +243,7 @@ class VlaSchedNode(Node):
     # --- the pump: engine messages in, due steps out ----------------------------------------
 
     def _pump(self) -> None:
+        self._take_converted()
         polled = self.link.poll()
         if polled.died:
             self._on_engine_death(polled.died)
@@ -249,12 +281,22 @@ class VlaSchedNode(Node):
                 self._send(slot, step, now)
 
     def _send(self, slot: RobotSlot, step: StepRequest, now: int) -> None:
+        """Send ``step``, or answer it: whatever keeps it from the engine (no engine, a step
+        the codec refuses, a transport error) becomes a StepRejected for it, and the robot
+        stays free, so its next step is sent."""
         try:
             self.link.send(engine_clock(step, now_ns=now))
         except EngineUnavailable as exc:
-            self._refuse(slot, FailureReason.ENGINE_UNAVAILABLE, str(exc), step.stamp_ns, now)
+            reason, detail = FailureReason.ENGINE_UNAVAILABLE, str(exc)
+        except CodecError as exc:
+            reason, detail = FailureReason.MALFORMED_IMAGE, f'step cannot be encoded: {exc}'
+        except Exception as exc:
+            reason = FailureReason.ENGINE_UNAVAILABLE
+            detail = f'step could not be sent: {type(exc).__name__}: {exc}'
+        else:
+            slot.mark_sent(step)
             return
-        slot.mark_sent(step)
+        self._refuse(slot, reason, detail, step.stamp_ns, now)
 
     def _on_result(self, result: StepResult) -> None:
         slot = self.slots.get(result.robot_id)
@@ -329,7 +371,8 @@ class VlaSchedNode(Node):
     def _on_engine_death(self, why: str) -> None:
         now = self._now_ns()
         self.get_logger().error(
-            f'engine dead ({why}); restarting in {self.config.link.restart_delay_s:.1f} s'
+            f'engine dead ({why}); restart in {self.link.restart_delay_s:.1f} s '
+            f'(attempt {self.link.restart_attempt})'
         )
         for slot in self.slots.values():
             self._abandon(slot, FailureReason.ENGINE_UNAVAILABLE, f'engine dead: {why}', now)
@@ -353,8 +396,14 @@ class VlaSchedNode(Node):
 
     def _close_session(self, robot_id: str) -> None:
         if self.link.ready:
-            with contextlib.suppress(EngineUnavailable):  # a dead engine holds no sessions
+            try:
                 self.link.send(CloseSession(robot_id=robot_id))
+            except EngineUnavailable:
+                pass  # a dead engine holds no sessions
+            except Exception as exc:
+                self.get_logger().warning(
+                    f'{robot_id}: session close not sent: {type(exc).__name__}: {exc}'
+                )
 
     def _now_ns(self) -> int:
         return self.get_clock().now().nanoseconds
@@ -373,7 +422,8 @@ class VlaSchedNode(Node):
         self._diagnostics_pub.publish(msg)
 
     def close(self) -> None:
-        """Stop the engine (its process too) and free the runtime folder."""
+        """Stop the image workers and the engine (its process too); free the runtime folder."""
+        self.intake.close()
         self.link.close()
 
 

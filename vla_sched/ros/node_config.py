@@ -13,6 +13,11 @@ import dataclasses
 import re
 from dataclasses import dataclass, field
 
+import numpy as np
+
+from vla_sched.ipc import codec
+from vla_sched.ipc.channel import DEFAULT_MAX_MESSAGE_BYTES
+from vla_sched.ipc.messages import StepRequest
 from vla_sched.serving.engine_config import EngineConfig, EngineLinkConfig
 from vla_sched.settings import check_settings, setting, setting_like, settings_of
 
@@ -201,8 +206,14 @@ class FrontendConfig:
     max_instruction_bytes: int = setting_like(
         EngineConfig, 'max_instruction_bytes', group='limits'
     )
+    # No image larger than a transport frame; the whole step (image, state, header) is
+    # checked against the frame limit in __post_init__.
     max_image_pixels: int = setting(
-        4096 * 4096, 'largest accepted image', min_value=1, max_value=1 << 28, group='limits'
+        4096 * 4096,
+        'largest accepted image (pixels; checked from compressed headers before decoding)',
+        min_value=1,
+        max_value=DEFAULT_MAX_MESSAGE_BYTES // 3,
+        group='limits',
     )
     max_future_stamp_s: float = setting(
         1.0,
@@ -231,6 +242,31 @@ class FrontendConfig:
             set_by_node.append('robots')
         if set_by_node:
             raise ConfigError(f'engine settings {sorted(set_by_node)} are set by the node')
+        self._check_step_fits_a_frame()
+
+    def largest_step_bytes(self) -> int:
+        """Bytes of the largest step the node can send: an RGB image of
+        ``max_image_pixels``, the longest configured state and the step header with an
+        instruction of ``max_instruction_bytes`` (its array shapes counted at their widest)."""
+        num_state = max(len(r.state_joint_names) for r in self.robots)
+        return (
+            self.max_image_pixels * 3
+            + num_state * np.dtype(np.float32).itemsize
+            + _step_header_bytes(self)
+        )
+
+    def _check_step_fits_a_frame(self) -> None:
+        step_bytes = self.largest_step_bytes()
+        if step_bytes <= DEFAULT_MAX_MESSAGE_BYTES:
+            return
+        spare = DEFAULT_MAX_MESSAGE_BYTES - (step_bytes - self.max_image_pixels * 3)
+        raise ConfigError(
+            f'limits.max_image_pixels = {self.max_image_pixels} ({self.max_image_pixels * 3} '
+            f'bytes of RGB) with limits.max_instruction_bytes = {self.max_instruction_bytes} '
+            f'and the longest state makes a step of {step_bytes} bytes, more than the '
+            f"engine transport's frame limit of {DEFAULT_MAX_MESSAGE_BYTES} bytes; lower "
+            f'limits.max_image_pixels to at most {max(0, spare // 3)}'
+        )
 
     def robot(self, robot_id: str) -> RobotConfig:
         for robot in self.robots:
@@ -254,3 +290,26 @@ class FrontendConfig:
             max_instruction_bytes=self.max_instruction_bytes,
             late_policy=self.late_policy,
         )
+
+
+_SHAPE_SLACK_BYTES = 64  # msgpack ints of the widest image and state shapes, over zeros
+
+
+def _step_header_bytes(config: FrontendConfig) -> int:
+    """The encoded header of a step with the longest robot id and instruction and the widest
+    integers; its arrays are tiny here, so their shapes get ``_SHAPE_SLACK_BYTES``."""
+    widest = 2**63 - 1
+    step = StepRequest(
+        robot_id=max((r.robot_id for r in config.robots), key=len),
+        step_seq=widest,
+        stamp_ns=widest,
+        deadline_ns=widest,
+        received_ns=widest,
+        image=np.zeros((1, 1, 3), dtype=np.uint8),
+        state=np.zeros(1, dtype=np.float32),
+        instruction='x' * config.max_instruction_bytes,
+        instruction_version=widest,
+        priority=-widest,
+    )
+    header = codec.encode(step)[0]
+    return len(header) + _SHAPE_SLACK_BYTES

@@ -159,6 +159,11 @@ class RobotSlot:
         self.last_image_ns = obs.received_ns
         self._image_times.add(obs.received_ns)
 
+    def supersede_unconverted(self) -> None:
+        """An image waiting for conversion was replaced by a newer one: it is superseded
+        like an unsent observation."""
+        self.num_superseded += 1
+
     def set_state(self, state: np.ndarray) -> None:
         self.state = state
         self.state_error = ''

@@ -4,12 +4,17 @@ The engine runs either as a child process (``mode='process'``, over ZMQ ``ipc://
 a private runtime folder) or in a thread of the caller (``mode='inprocess'``, over queues).
 Both speak the same messages and heartbeats, so the frontend cannot tell them apart except by
 ``pid``.
+
+``poll`` never raises for what the engine sends: a frame the codec refuses, or a message that
+is not for the frontend, is dropped, counted (``num_bad_frames``, over every engine this
+client started) and logged at a bounded rate.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import subprocess
 import sys
 import threading
@@ -21,15 +26,30 @@ from vla_sched.ipc.channel import (
     Channel,
     ChannelClosedError,
     ZmqChannel,
+    ZmqEndpoints,
     in_process_pair,
     new_endpoints,
     private_runtime_dir,
     remove_runtime_dir,
     remove_stale_runtime_dirs,
 )
+from vla_sched.ipc.codec import CodecError
 from vla_sched.ipc.heartbeat import HeartbeatTracker
-from vla_sched.ipc.messages import CloseSession, EngineInfo, Heartbeat, StepRequest
+from vla_sched.ipc.messages import (
+    CloseSession,
+    EngineInfo,
+    EngineStats,
+    Heartbeat,
+    StepFailure,
+    StepRequest,
+    StepResult,
+)
+from vla_sched.serving.bad_frames import BadFrames
 from vla_sched.serving.engine_config import EngineConfig, EngineLinkConfig
+
+logger = logging.getLogger(__name__)
+# What an engine sends that the frontend uses; heartbeats are consumed by ``poll``.
+FROM_ENGINE = EngineInfo | StepResult | StepFailure | EngineStats
 
 
 class EngineUnavailable(RuntimeError):  # noqa: N818 (reads as a state, like TimeoutError)
@@ -55,8 +75,10 @@ class EngineClient:
         self._thread: threading.Thread | None = None
         self._stop_thread: threading.Event | None = None
         self._runtime_dir: Path | None = None
+        self._endpoints: ZmqEndpoints | None = None
         self._generation = 0
         self._thread_error = ''
+        self._bad_frames = BadFrames('the engine', logger=logger)
 
     # --- life cycle ---------------------------------------------------------------------
 
@@ -79,6 +101,7 @@ class EngineClient:
             self._runtime_dir = private_runtime_dir()
         endpoints = new_endpoints(self._runtime_dir, self._generation)
         self._channel = ZmqChannel(endpoints, bind=True)
+        self._endpoints = endpoints
         cmd = [
             sys.executable, '-m', 'vla_sched.serving.engine_main',
             '--to-engine', endpoints.to_engine,
@@ -140,8 +163,9 @@ class EngineClient:
             self._stop_thread_engine()
         finally:
             if self._channel is not None:
-                self._channel.close()
+                self._channel.close()  # removes this engine's socket files
                 self._channel = None
+            self._endpoints = None
             self.info = None
 
     def _stop_process(self, grace_s: float) -> None:
@@ -188,6 +212,16 @@ class EngineClient:
         return None if self._process is None else self._process.pid
 
     @property
+    def endpoints(self) -> ZmqEndpoints | None:
+        """The sockets of the running engine process (None in-process or when stopped)."""
+        return self._endpoints
+
+    @property
+    def num_bad_frames(self) -> int:
+        """Frames from the engine that ``poll`` refused, over every engine started."""
+        return self._bad_frames.num_refused
+
+    @property
     def alive(self) -> bool:
         """Ready (its EngineInfo arrived), running, and heard from within the timeout."""
         if self._channel is None or self.info is None:
@@ -222,7 +256,11 @@ class EngineClient:
             raise EngineUnavailable(str(exc)) from exc
 
     def poll(self, timeout_s: float = 0.0) -> list[Any]:
-        """Send a heartbeat when due; return every message that arrived (heartbeats aside)."""
+        """Send a heartbeat when due; return every message that arrived (heartbeats aside).
+
+        Never raises for what arrived: a bad frame is counted and logged (see the module
+        docstring), and the messages after it are still returned.
+        """
         if self._channel is None:
             return []
         beat = self._heartbeat.due(time.monotonic())
@@ -231,12 +269,31 @@ class EngineClient:
             with contextlib.suppress(ChannelClosedError):
                 self._channel.send(beat)
         out: list[Any] = []
-        msg = self._channel.recv(timeout_s)
+        msg = self._receive(timeout_s)
         while msg is not None:
-            self._heartbeat.seen(time.monotonic())
+            if isinstance(msg, FROM_ENGINE | Heartbeat):
+                self._heartbeat.seen(time.monotonic())
             if isinstance(msg, EngineInfo):
                 self.info = msg
-            if not isinstance(msg, Heartbeat):
+            if isinstance(msg, FROM_ENGINE):
                 out.append(msg)
-            msg = self._channel.recv(0.0)
+            elif not isinstance(msg, Heartbeat | _Refused):
+                self._bad_frames.refuse(f'a {type(msg).__name__} is not a message for the node')
+            msg = self._receive(0.0)
         return out
+
+    def _receive(self, timeout_s: float) -> Any | None:
+        """The next message, ``_REFUSED`` for a frame the codec refused, or None."""
+        assert self._channel is not None
+        try:
+            return self._channel.recv(timeout_s)
+        except CodecError as exc:
+            self._bad_frames.refuse(str(exc))
+            return _REFUSED
+
+
+class _Refused:
+    """Stands for a refused frame while ``poll`` drains the channel."""
+
+
+_REFUSED = _Refused()

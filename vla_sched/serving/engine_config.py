@@ -176,8 +176,10 @@ class EngineLinkConfig:
     Heartbeats go both ways every ``heartbeat_period_s``; an engine not heard from for
     ``heartbeat_timeout_s`` is presumed dead. Beats are sent between scheduler iterations, so
     the timeout must exceed the slowest iteration; a dead process or thread is noticed at
-    once, without waiting for it. A dead engine is restarted after ``restart_delay_s``; one not
-    ready ``start_timeout_s`` after a start is dead. The frontend collects results every
+    once, without waiting for it. A dead engine is restarted after ``restart_delay_s``, doubled
+    for each restart in a row up to ``restart_max_delay_s``; an engine that stays ready for
+    ``restart_max_delay_s`` ends the row. One not ready ``start_timeout_s`` after a start is
+    dead. The frontend collects results every
     ``poll_period_s``.
     """
 
@@ -195,9 +197,16 @@ class EngineLinkConfig:
     )
     restart_delay_s: float = setting(
         1.0,
-        'wait before restarting a dead engine (s)',
+        'wait before the first restart of a dead engine (s); doubles for each restart in a row',
         min_value=0.0,
         max_value=600.0,
+        group='engine',
+    )
+    restart_max_delay_s: float = setting(
+        30.0,
+        'longest wait before a restart (s); an engine ready this long resets the wait',
+        min_value=0.0,
+        max_value=3600.0,
         group='engine',
     )
     start_timeout_s: float = setting(
@@ -220,4 +229,9 @@ class EngineLinkConfig:
         if self.heartbeat_period_s >= self.heartbeat_timeout_s:
             raise EngineConfigError(
                 'engine.heartbeat_period_s must be below engine.heartbeat_timeout_s'
+            )
+        if self.restart_max_delay_s < self.restart_delay_s:
+            raise EngineConfigError(
+                f'engine.restart_max_delay_s ({self.restart_max_delay_s}) is below '
+                f'engine.restart_delay_s ({self.restart_delay_s})'
             )

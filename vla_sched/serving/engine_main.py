@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import signal
 import sys
@@ -34,8 +35,16 @@ def main(argv: list[str] | None = None) -> int:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
+    logging.basicConfig(level=logging.WARNING, format='vla_sched engine: %(message)s')
     config = EngineConfig.from_mapping(json.loads(args.config))
-    core = build_core(config)
+    try:
+        core = build_core(config)
+    except Exception as exc:  # the frontend sees the exit status and restarts after a wait
+        print(
+            f'vla_sched engine: cannot load the model: {type(exc).__name__}: {exc}',
+            file=sys.stderr,
+        )
+        return 1
     channel = ZmqChannel(ZmqEndpoints(args.to_engine, args.from_engine), bind=False)
     heartbeat = HeartbeatTracker(
         sender='engine', period_s=args.heartbeat_period, timeout_s=args.heartbeat_timeout

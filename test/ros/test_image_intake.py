@@ -1,0 +1,120 @@
+"""Image conversions on worker threads: newest image per robot, robots never wait on another."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from vla_sched.ros.conversions import ImageError
+from vla_sched.ros.image_intake import Converted, ImageIntake
+
+WAIT_S = 30.0  # only a hang reaches this
+
+
+class Results:
+    """Collects an intake's results as its workers report them."""
+
+    def __init__(self) -> None:
+        self.ready = threading.Condition()
+        self.items: list[Converted] = []
+        self.intake: ImageIntake | None = None
+
+    def on_ready(self) -> None:
+        assert self.intake is not None
+        with self.ready:
+            self.items.extend(self.intake.take())
+            self.ready.notify_all()
+
+    def wait_for(self, count: int) -> list[Converted]:
+        with self.ready:
+            assert self.ready.wait_for(lambda: len(self.items) >= count, WAIT_S), self.items
+            return list(self.items)
+
+
+def _intake(num_workers: int) -> tuple[ImageIntake, Results]:
+    results = Results()
+    results.intake = ImageIntake(on_ready=results.on_ready, num_workers=num_workers)
+    return results.intake, results
+
+
+def _image(value: int) -> np.ndarray:
+    return np.full((2, 2, 3), value, dtype=np.uint8)
+
+
+def _blocked(started: threading.Event, release: threading.Event, value: int):
+    def convert() -> np.ndarray:
+        started.set()
+        assert release.wait(WAIT_S)
+        return _image(value)
+
+    return convert
+
+
+def test_a_newer_image_replaces_the_waiting_one_of_the_same_robot():
+    intake, results = _intake(num_workers=1)
+    started, release = threading.Event(), threading.Event()
+    try:
+        intake.submit('a', _blocked(started, release, 1), stamp_ns=1, received_ns=1)
+        assert started.wait(WAIT_S)  # the worker is busy with a's first image
+        assert not intake.submit('a', lambda: _image(2), stamp_ns=2, received_ns=2)
+        assert intake.submit('a', lambda: _image(3), stamp_ns=3, received_ns=3)
+        assert intake.num_waiting == 1
+        release.set()
+        done = results.wait_for(2)
+    finally:
+        intake.close()
+    assert [(c.robot_id, c.stamp_ns, int(c.image[0, 0, 0])) for c in done] == [
+        ('a', 1, 1),
+        ('a', 3, 3),
+    ]
+
+
+def test_a_robot_whose_image_is_slow_does_not_hold_another_robots_image():
+    intake, results = _intake(num_workers=2)
+    started, release = threading.Event(), threading.Event()
+    try:
+        intake.submit('slow', _blocked(started, release, 1), stamp_ns=1, received_ns=1)
+        assert started.wait(WAIT_S)
+        # the slow robot's next image waits for its first; the other robot's does not
+        intake.submit('slow', lambda: _image(2), stamp_ns=2, received_ns=2)
+        intake.submit('fast', lambda: _image(9), stamp_ns=5, received_ns=5)
+        first = results.wait_for(1)
+        assert [(c.robot_id, c.stamp_ns) for c in first] == [('fast', 5)]
+        release.set()
+        done = results.wait_for(3)
+    finally:
+        intake.close()
+    assert [(c.robot_id, c.stamp_ns) for c in done[1:]] == [('slow', 1), ('slow', 2)]
+
+
+def test_failed_conversions_become_errors_and_the_workers_go_on():
+    intake, results = _intake(num_workers=1)
+
+    def refused() -> np.ndarray:
+        raise ImageError('png header declares 12000x12000')
+
+    def broken() -> np.ndarray:
+        raise MemoryError('cannot allocate')
+
+    try:
+        intake.submit('a', refused, stamp_ns=1, received_ns=1)
+        results.wait_for(1)
+        intake.submit('a', broken, stamp_ns=2, received_ns=2)
+        results.wait_for(2)
+        intake.submit('a', lambda: _image(7), stamp_ns=3, received_ns=3)
+        done = results.wait_for(3)
+    finally:
+        intake.close()
+    assert done[0].image is None and done[0].error == 'png header declares 12000x12000'
+    assert done[1].image is None and 'MemoryError: cannot allocate' in done[1].error
+    assert done[2].error == '' and int(done[2].image[0, 0, 0]) == 7
+
+
+def test_after_close_nothing_is_taken_and_the_workers_have_stopped():
+    intake, _ = _intake(num_workers=2)
+    intake.close()
+    assert not any(worker.is_alive() for worker in intake._workers)
+    with pytest.raises(RuntimeError, match='closed'):
+        intake.submit('a', lambda: _image(1), stamp_ns=1, received_ns=1)
