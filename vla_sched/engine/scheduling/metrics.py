@@ -25,27 +25,45 @@ import numpy as np
 
 
 class LatencyWindow:
-    """The last ``size`` latency samples (nanoseconds)."""
+    """The last ``size`` latency samples (nanoseconds).
+
+    The samples live in one ``int64`` ring allocated up front, so a window's memory is fixed
+    from its first sample on: a long-running engine's windows do not grow while they fill
+    (a deque of Python ints grows by about 40 bytes per sample until it is full).
+    """
 
     def __init__(self, size: int) -> None:
-        self._samples: deque[int] = deque(maxlen=size)
+        if size < 1:
+            raise ValueError(f'size must be >= 1, got {size}')
+        self._ring = np.zeros(size, dtype=np.int64)
+        self._num_samples = 0  # ever added; the newest is at (_num_samples - 1) % size
 
     def __len__(self) -> int:
-        return len(self._samples)
+        return min(self._num_samples, self._ring.size)
 
     def add(self, ns: int) -> None:
-        self._samples.append(int(ns))
+        self._ring[self._num_samples % self._ring.size] = ns
+        self._num_samples += 1
+
+    def samples(self) -> np.ndarray:
+        """The kept samples, oldest first (a copy)."""
+        size = self._ring.size
+        if self._num_samples <= size:
+            return self._ring[: self._num_samples].copy()
+        start = self._num_samples % size
+        return np.concatenate((self._ring[start:], self._ring[:start]))
 
     def percentile_ms(self, q: float) -> float:
         """The ``q``-th percentile (0-100) in milliseconds; NaN when empty (no sample is not
         a latency of zero: ``/diagnostics`` shows it as n/a)."""
-        if not self._samples:
+        if not self._num_samples:
             return float('nan')
-        return float(np.percentile(np.fromiter(self._samples, dtype=np.float64), q)) / 1e6
+        kept = self._ring[: len(self)].astype(np.float64)
+        return float(np.percentile(kept, q)) / 1e6
 
     def max_ms(self) -> float:
         """The largest sample in milliseconds; NaN when empty."""
-        return max(self._samples) / 1e6 if self._samples else float('nan')
+        return int(self._ring[: len(self)].max()) / 1e6 if self._num_samples else float('nan')
 
 
 @dataclass
@@ -109,6 +127,7 @@ class SchedulerMetrics:
     def record_retract(self, robot_id: str | None, now_ns: int) -> None:
         self.num_retracts_total += 1
         self._retract_stamps.append(now_ns)
+        self.num_retracts_in_window(now_ns)  # drop stamps past the window: bounded by it
         if (robot := self._robot_of(robot_id)) is not None:
             robot.num_retracts += 1
 
