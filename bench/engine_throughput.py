@@ -24,13 +24,12 @@ from pathlib import Path
 os.environ.setdefault('HF_HUB_OFFLINE', '1')
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import numpy as np
 
+from bench.engine_steps import step_request
 from bench.scheduler_cost import StopWatch
-from vla_sched.ipc.messages import StepRequest, StepResult
+from vla_sched.ipc.messages import StepResult
 from vla_sched.serving.core_factory import build_core
 from vla_sched.serving.engine_config import CORES, EngineConfig
-from vla_sched.synthetic_frames import synthetic_frame
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,20 +45,6 @@ class Throughput:
     glue_ms: float
 
 
-def _request(robot: int, seq: int, now: int) -> StepRequest:
-    return StepRequest(
-        robot_id=f'robot_{robot}',
-        step_seq=seq,
-        stamp_ns=now,
-        deadline_ns=now + 60 * 10**9,
-        received_ns=now,
-        image=synthetic_frame(seq * 31 + robot, width=64, height=64),
-        state=np.zeros(0, np.float32),
-        instruction='pick up the red block',
-        instruction_version=1,
-    )
-
-
 def measure(
     core_name: str,
     num_robots: int,
@@ -73,7 +58,9 @@ def measure(
         EngineConfig(core=core_name, model_path=model_path, device=device, cpu_threads=threads)
     )
     model, sched, frames = StopWatch(), StopWatch(), StopWatch()
-    make_request = frames.wrap(_request)
+    make_request = frames.wrap(
+        lambda robot, seq, now: step_request(robot, seq, now_ns=now, budget_s=60.0)
+    )
     if core_name == 'scheduled':
         runner = core.scheduler.runner
         runner.launch = model.wrap(runner.launch)

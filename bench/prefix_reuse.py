@@ -26,11 +26,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np
 
-from vla_sched.ipc.messages import StepRequest, StepResult
+from bench.engine_steps import step_request
+from vla_sched.ipc.messages import StepResult
 from vla_sched.model.openvla_writer import write_openvla_checkpoint
 from vla_sched.serving.engine_config import EngineConfig
 from vla_sched.serving.scheduled_core import ScheduledCore
-from vla_sched.synthetic_frames import synthetic_frame
 
 INSTRUCTIONS = ('pick up the red block', 'open the top drawer')
 
@@ -48,21 +48,6 @@ class LayoutReuse:
     session_kv_tokens_per_robot: float  # KV tokens kept per robot between its steps
 
 
-def _request(robot: int, seq: int) -> StepRequest:
-    now = time.time_ns()
-    return StepRequest(
-        robot_id=f'robot_{robot}',
-        step_seq=seq,
-        stamp_ns=now,
-        deadline_ns=now + 600 * 10**9,
-        received_ns=now,
-        image=synthetic_frame(seq * 31 + robot, width=64, height=64),
-        state=np.zeros(0, np.float32),
-        instruction=INSTRUCTIONS[robot % len(INSTRUCTIONS)],
-        instruction_version=1,
-    )
-
-
 def measure(layout: str, config: EngineConfig, *, num_robots: int, num_steps: int) -> LayoutReuse:
     """Serve ``num_steps`` rounds of one step per robot; every round runs to completion."""
     core = ScheduledCore.from_config(config)
@@ -70,7 +55,11 @@ def measure(layout: str, config: EngineConfig, *, num_robots: int, num_steps: in
         later: list[StepResult] = []
         for seq in range(num_steps):
             for robot in range(num_robots):
-                failures = core.submit(_request(robot, seq), time.time_ns())
+                request = step_request(
+                    robot, seq, now_ns=time.time_ns(),
+                    instruction=INSTRUCTIONS[robot % len(INSTRUCTIONS)],
+                )  # fmt: skip
+                failures = core.submit(request, time.time_ns())
                 if failures:
                     raise RuntimeError(f'{layout}: step refused: {failures[0].detail}')
             while core.has_work():

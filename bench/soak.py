@@ -27,12 +27,11 @@ from pathlib import Path
 os.environ.setdefault('HF_HUB_OFFLINE', '1')
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import numpy as np
 
-from vla_sched.ipc.messages import StepFailure, StepRequest, StepResult
+from bench.engine_steps import step_request
+from vla_sched.ipc.messages import StepFailure, StepResult
 from vla_sched.serving.engine_config import EngineConfig
 from vla_sched.serving.scheduled_core import ScheduledCore
-from vla_sched.synthetic_frames import synthetic_frame
 
 PAGE_BYTES = os.sysconf('SC_PAGE_SIZE')
 
@@ -104,21 +103,6 @@ def held_sizes(core: ScheduledCore) -> dict[str, int]:
     return sizes
 
 
-def _request(robot: int, seq: int, image_size: int) -> StepRequest:
-    now = time.time_ns()
-    return StepRequest(
-        robot_id=f'robot_{robot}',
-        step_seq=seq,
-        stamp_ns=now,
-        deadline_ns=now + 600 * 10**9,
-        received_ns=now,
-        image=synthetic_frame(seq * 31 + robot, width=image_size, height=image_size),
-        state=np.zeros(0, np.float32),
-        instruction='pick up the red block',
-        instruction_version=1,
-    )
-
-
 def run_soak(config: SoakConfig, *, progress=None) -> SoakResult:
     """Run one soak of the scheduled core on the built-in tiny checkpoint.
 
@@ -138,7 +122,9 @@ def run_soak(config: SoakConfig, *, progress=None) -> SoakResult:
 
     def send(robot: int) -> None:
         seqs[robot] += 1
-        request = _request(robot, seqs[robot], config.image_size)
+        request = step_request(
+            robot, seqs[robot], now_ns=time.time_ns(), image_size=config.image_size
+        )
         open_steps[(request.robot_id, request.step_seq)] = None
         result.num_steps_sent += 1
         for out in core.submit(request, time.time_ns()):
