@@ -12,7 +12,15 @@ from typing import TYPE_CHECKING
 
 from vla_sched.engine.scheduling.metrics import SchedulerMetrics
 from vla_sched.engine.scheduling.scheduler_config import SchedulerConfig, ms_to_ns
-from vla_sched.ipc.messages import EngineInfo, EngineStats, FailureReason, RobotStats
+from vla_sched.ipc.messages import (
+    EngineInfo,
+    EngineStats,
+    FailureReason,
+    RobotStats,
+    StepFailure,
+    StepRequest,
+)
+from vla_sched.serving.step_checks import check_step_request
 
 if TYPE_CHECKING:
     from vla_sched.model.checkpoint_spec import CheckpointSpec
@@ -105,3 +113,21 @@ def engine_stats(
         aborts_by_reason=dict(metrics.aborts_by_reason),
         robots=robots,
     )
+
+
+def refuse_malformed(
+    request: StepRequest,
+    info: EngineInfo,
+    metrics: SchedulerMetrics,
+    *,
+    max_instruction_bytes: int,
+) -> list[StepFailure]:
+    """``[failure]`` for a step that cannot be served (counted in ``metrics``), else ``[]``:
+    the check both cores make before a step reaches their model."""
+    failure = check_step_request(
+        request, num_state=info.num_state, max_instruction_bytes=max_instruction_bytes
+    )
+    if failure is None:
+        return []
+    record_failure(metrics, request.robot_id, failure.reason)
+    return [failure]

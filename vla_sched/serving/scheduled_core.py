@@ -39,10 +39,10 @@ from vla_sched.serving.checkpoints import (
     read_configured_spec,
     resolve_checkpoint,
 )
-from vla_sched.serving.core_stats import engine_info, engine_stats, record_failure
+from vla_sched.serving.core_stats import engine_info, engine_stats, refuse_malformed
 from vla_sched.serving.device_choice import pick_device_and_dtype
 from vla_sched.serving.engine_config import EngineConfig
-from vla_sched.serving.step_checks import check_step_request, image_content_hash
+from vla_sched.serving.step_checks import image_content_hash
 
 logger = logging.getLogger(__name__)
 
@@ -156,14 +156,12 @@ class ScheduledCore:
     # ---- steps -------------------------------------------------------------------------
 
     def submit(self, request: StepRequest, now_ns: int) -> list[StepFailure]:
-        failure = check_step_request(
-            request,
-            num_state=self._info.num_state,
+        refused = refuse_malformed(
+            request, self._info, self.scheduler.metrics,
             max_instruction_bytes=self.config.max_instruction_bytes,
-        )
-        if failure is not None:
-            record_failure(self.scheduler.metrics, request.robot_id, failure.reason)
-            return [failure]
+        )  # fmt: skip
+        if refused:
+            return refused
         state = request.state if self._info.num_state else None
         layout = self.prompts.build(request.instruction, state=state)
         self._open_or_update_session(request, layout.token_ids[: layout.session_prefix_len])

@@ -30,10 +30,15 @@ from vla_sched.serving.checkpoints import (
     read_configured_spec,
     resolve_checkpoint,
 )
-from vla_sched.serving.core_stats import engine_info, engine_stats, new_metrics, record_failure
+from vla_sched.serving.core_stats import (
+    engine_info,
+    engine_stats,
+    new_metrics,
+    record_failure,
+    refuse_malformed,
+)
 from vla_sched.serving.device_choice import pick_device_and_dtype
 from vla_sched.serving.engine_config import EngineConfig
-from vla_sched.serving.step_checks import check_step_request
 
 if TYPE_CHECKING:
     from vla_sched.model.hf_openvla import HFOpenVLAPolicy
@@ -105,14 +110,12 @@ class SequentialCore:
         return self._info
 
     def submit(self, request: StepRequest, now_ns: int) -> list[StepFailure]:
-        failure = check_step_request(
-            request,
-            num_state=self._info.num_state,
+        refused = refuse_malformed(
+            request, self._info, self.metrics,
             max_instruction_bytes=self.config.max_instruction_bytes,
-        )
-        if failure is not None:
-            record_failure(self.metrics, request.robot_id, failure.reason)
-            return [failure]
+        )  # fmt: skip
+        if refused:
+            return refused
         out = []
         older, _ = self._waiting.pop(request.robot_id, (None, 0))
         if older is not None:
