@@ -26,10 +26,10 @@ from vla_sched.model.checkpoint_spec import (
     CONFIG_FILE,
     CheckpointError,
     CheckpointSpec,
-    openvla_text_config,
     read_checkpoint_spec,
     read_json,
 )
+from vla_sched.model.openvla_checkpoint import openvla_text_config
 from vla_sched.model.openvla_spec import OpenVLAVisionSpec
 from vla_sched.model.weights import OPENVLA_PROJECTOR_PREFIX, OPENVLA_TOWER_PREFIX
 

@@ -42,8 +42,8 @@ from vla_sched.model.checkpoint_spec import (
     CONFIG_FILE,
     PREPROCESSOR_FILE,
     TOKENIZER_FILE,
-    openvla_text_config,
 )
+from vla_sched.model.openvla_checkpoint import openvla_text_config
 from vla_sched.model.openvla_spec import OpenVLAVisionSpec, TowerSpec, openvla_vision_spec
 from vla_sched.model.openvla_weights import openvla_projector_shapes, timm_tower_shapes
 from vla_sched.model.presets import (
