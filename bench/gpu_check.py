@@ -428,12 +428,64 @@ def part_engine_core(ctx: PartContext) -> dict[str, Any]:
     from bench.engine_paced import make_core, run_checked
 
     _require_cuda(ctx)
+    started = time.perf_counter()
     core = make_core(str(ctx.folder()), device=ctx.device, cuda_graphs=not ctx.dry_run)
+    load_s = time.perf_counter() - started
+    print(f'engine core loaded (weights, KV pool, graphs captured) in {load_s:.1f} s', flush=True)
     run = run_checked(core, num_robots=4, steps_per_robot=2 if ctx.dry_run else 3)
     if run.num_results == 0:
         raise AssertionError(f'no step produced a result: {run.failure_reasons}')
     print(run, flush=True)
-    return {**dataclasses.asdict(run), 'cuda_graphs': not ctx.dry_run}
+    vision = _vision_times(core.scheduler.runner, ctx)
+    print(f'vision encoder: {vision}', flush=True)
+    return {
+        **dataclasses.asdict(run), 'cuda_graphs': not ctx.dry_run, 'load_s': load_s,
+        'vision': vision,
+    }  # fmt: skip
+
+
+def _vision_times(runner, ctx: PartContext) -> list[dict[str, Any]]:
+    """Host wall ms of the vision encoder per image count: eager and through the runner's
+    padded (on a GPU, captured) path, median of 10 after 2 warm-ups."""
+    import torch
+
+    from vla_sched.model.vision_graphs import VisionGraphs
+
+    model = runner.model
+    graphs = runner.vision_graphs
+    if graphs is None and ctx.dry_run and model.vision is not None:  # the padded path, eager
+        prep = model.spec.preprocessing
+        graphs = VisionGraphs(
+            model.vision, pixel_shape=(len(prep.mean), prep.image_size, prep.image_size),
+            batch_sizes=(1, 2), device=runner.device, output_dtype=model.dtype, capture=False,
+        )  # fmt: skip
+    if graphs is None:
+        return []
+    out = []
+    for count in (1, 2) if ctx.dry_run else (1, 4, 16):
+        if graphs.padded_size(count) is None:
+            continue
+        pixels = torch.randn((count, *graphs.pixels.shape[1:]), device=runner.device)
+        row: dict[str, Any] = {'images': count}
+        for name, encode in (('eager', model.encode_images), ('graphs', graphs.encode)):
+            times = []
+            for i in range(12):
+                _sync_device(runner.device)
+                started = time.perf_counter()
+                encode(pixels)
+                _sync_device(runner.device)
+                if i >= 2:
+                    times.append((time.perf_counter() - started) * 1e3)
+            row[f'{name}_ms'] = sorted(times)[len(times) // 2]
+        out.append(row)
+    return out
+
+
+def _sync_device(device) -> None:
+    import torch
+
+    if device.type == 'cuda':
+        torch.cuda.synchronize(device)
 
 
 def part_serving(ctx: PartContext) -> dict[str, Any]:
@@ -508,7 +560,7 @@ def part_scheduler(ctx: PartContext) -> dict[str, Any]:
     if ctx.dry_run:
         null, model, steps = ['1', '4'], ['1', '2'], '3'
     else:
-        null, model, steps = ['1', '16', '64', '256'], ['1', '16', '64'], '20'
+        null, model, steps = ['1', '64'], ['1', '16', '64'], '20'
     common = ['--steps', steps, '--model-path', folder]
     points = sc.run(sc.parse_args([*common, '--runners', 'null', '--batch-sizes', *null]))
     argv = [*common, '--runners', 'model', '--device', ctx.device, '--batch-sizes', *model]
@@ -928,8 +980,18 @@ def _engine_core_section(d: dict) -> list[str]:
         f'{d["num_robots"]} robots, {d["num_steps_sent"]} steps: {d["num_results"]} results, '
         f'{d["num_failures"]} failures {d["failure_reasons"] or ""}; '
         f'{d["num_integrity_checks"]} integrity checks passed; actions {d["action_shape"]}; '
-        f'CUDA graphs {"on" if d["cuda_graphs"] else "off"}; {d["seconds"]:.1f} s.',
+        f'CUDA graphs {"on" if d["cuda_graphs"] else "off"}; {d["seconds"]:.1f} s; '
+        f'loaded in {d.get("load_s", float("nan")):.1f} s.',
+        *_vision_lines(d.get('vision') or []),
     ]
+
+
+def _vision_lines(rows: list[dict]) -> list[str]:
+    if not rows:
+        return []
+    lines = ['', '| images | vision eager ms | vision graphs ms |', '|---|---|---|']
+    lines += [f'| {r["images"]} | {r["eager_ms"]:.2f} | {r["graphs_ms"]:.2f} |' for r in rows]
+    return lines
 
 
 def _serving_section(d: dict) -> list[str]:

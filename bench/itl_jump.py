@@ -116,8 +116,8 @@ class VariantCore(ScheduledCore):
             )
         )
 
-    def _scheduler_config(self) -> SchedulerConfig:
-        return self.variant.apply(super()._scheduler_config())
+    def _scheduler_config(self, device_type: str) -> SchedulerConfig:
+        return self.variant.apply(super()._scheduler_config(device_type))
 
 
 class _EndStamp:

@@ -124,6 +124,42 @@ def test_padded_decode_path_equals_the_plain_path_and_keeps_real_kv(tiny_model, 
     torch.testing.assert_close(results[0][1], results[1][1], rtol=1e-5, atol=1e-5)
 
 
+def test_padded_vision_path_equals_the_eager_encoder_and_keeps_cached_features(
+    tiny_model, prompt_builder
+):
+    first = [prompt(prompt_builder, t, s) for t, s in (('a', 21), ('b', 22), ('c', 23))]
+    second = [prompt(prompt_builder, t, s) for t, s in (('d', 24), ('e', 25))]
+    again = [prompt(prompt_builder, 'f', 21)]  # image 21 again: served from the cache
+    outputs = []
+    for padded in (False, True):
+        slots = PagedSlots(seed=8)
+        runner = new_runner(tiny_model, slots, padded_vision=padded, vision_batch_sizes=(2, 4))
+        assert (runner.vision_graphs is not None) == padded
+        logits = []
+        for group in (first, second, again):
+            steps = [
+                Step(str(i), i, ids, 0, len(ids), (span,)) for i, (ids, span) in enumerate(group)
+            ]
+            logits.append(runner.forward_logits(make_batch(slots, steps)))
+        assert runner.feature_cache.num_hits == 1
+        outputs.append(logits)
+    for plain, padded in zip(*outputs, strict=True):
+        # 3 images run padded to 4, 2 at 2: other shapes, so equal up to float32 rounding;
+        # features overwritten by a later pass would differ entirely.
+        torch.testing.assert_close(padded, plain, rtol=1e-5, atol=1e-5)
+
+
+def test_more_new_images_than_the_largest_vision_size_run_eagerly(tiny_model, prompt_builder):
+    group = [prompt(prompt_builder, t, s) for t, s in (('a', 31), ('b', 32), ('c', 33))]
+    steps = [Step(str(i), i, ids, 0, len(ids), (span,)) for i, (ids, span) in enumerate(group)]
+    outputs = []
+    for config in ({}, {'padded_vision': True, 'vision_batch_sizes': (2,)}):
+        slots = PagedSlots(seed=9)
+        runner = new_runner(tiny_model, slots, **config)
+        outputs.append(runner.forward_logits(make_batch(slots, steps)))
+    torch.testing.assert_close(outputs[1], outputs[0], rtol=1e-5, atol=1e-5)
+
+
 def test_triton_kernels_under_the_interpreter_match_the_torch_path(tiny_model, prompt_builder):
     ids, span = prompt(prompt_builder, 'go', 4)
     outputs = []

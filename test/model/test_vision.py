@@ -63,3 +63,22 @@ def test_feature_cache_evicts_the_least_recently_used():
     cache.put(3, torch.zeros(1))
     assert 2 not in cache and 1 in cache and 3 in cache
     assert (cache.num_hits, cache.num_misses) == (1, 0)
+
+
+def test_a_meta_built_tower_gets_its_position_ids_and_refuses_other_unloaded_buffers():
+    from torch import nn
+
+    from vla_sched.model.vision import materialize_buffers
+
+    with torch.device('meta'):
+        embeddings = nn.Module()
+        embeddings.register_buffer('position_ids', torch.arange(5).expand(1, -1), persistent=False)
+    tower = nn.Module()
+    tower.embeddings = embeddings
+    materialize_buffers(tower, 'cpu')
+    assert torch.equal(tower.embeddings.position_ids, torch.arange(5)[None])
+
+    with torch.device('meta'):
+        tower.embeddings.register_buffer('mask', torch.ones(3), persistent=False)
+    with pytest.raises(ValueError, match='embeddings.mask'):
+        materialize_buffers(tower, 'cpu')

@@ -127,3 +127,18 @@ def test_a_tiny_kv_pool_refuses_a_step_as_kv_pool_full_and_names_the_pool():
         assert 'KV pool' in outs[0].detail
     finally:
         small.close()
+
+
+def test_prefill_chunk_defaults_to_the_device_and_a_set_value_wins():
+    auto = EngineConfig()
+    assert auto.prefill_chunk_tokens('cpu') == 256
+    assert auto.prefill_chunk_tokens('cuda') == 8192
+    assert EngineConfig(chunked_prefill_size=96).prefill_chunk_tokens('cuda') == 96
+
+
+def test_the_scheduler_gets_the_cpu_chunk_when_the_setting_is_zero():
+    core = _core(chunked_prefill_size=0)
+    try:
+        assert core.scheduler.config.chunked_prefill_size == 256
+    finally:
+        core.close()

@@ -13,6 +13,7 @@ seen step k's tokens.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -32,7 +33,10 @@ from vla_sched.model.step_inputs import (
 )
 from vla_sched.model.transfer import to_device
 from vla_sched.model.vision import FeatureCache, preprocess_image
+from vla_sched.model.vision_graphs import VisionGraphs
 from vla_sched.model.vla_model import VLAModel
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,10 +49,14 @@ class RunnerConfig:
         feature_cache_size: Images whose projected features are kept (by content hash).
         bidirectional_image_spans: Let image tokens see each other (prefix-LM models); LLaVA
             checkpoints are causal, so off by default.
-        cuda_graphs: Capture decode steps as CUDA graphs (GPU only).
+        cuda_graphs: Capture decode steps and the vision encoder as CUDA graphs (GPU only).
         decode_batch_sizes: Padded decode batch sizes for the persistent-buffer path.
         padded_decode: Run decode through the padded persistent-buffer path even without
             graphs (on by itself whenever ``cuda_graphs`` is).
+        vision_batch_sizes: Padded image counts of the vision encoder's persistent-buffer
+            path; more new images in one step run eagerly.
+        padded_vision: Run the vision encoder through that path even without graphs (on by
+            itself whenever ``cuda_graphs`` is).
         max_kv_splits: Split bound of the Triton decode kernel.
     """
 
@@ -58,6 +66,8 @@ class RunnerConfig:
     cuda_graphs: bool = False
     decode_batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
     padded_decode: bool = False
+    vision_batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
+    padded_vision: bool = False
     max_kv_splits: int = 8
 
     def __post_init__(self) -> None:
@@ -67,6 +77,8 @@ class RunnerConfig:
             raise ValueError('feature_cache_size must be >= 1')
         if not self.decode_batch_sizes or min(self.decode_batch_sizes) < 1:
             raise ValueError(f'bad decode_batch_sizes {self.decode_batch_sizes}')
+        if not self.vision_batch_sizes or min(self.vision_batch_sizes) < 1:
+            raise ValueError(f'bad vision_batch_sizes {self.vision_batch_sizes}')
         if self.max_kv_splits < 1:
             raise ValueError('max_kv_splits must be >= 1')
 
@@ -149,6 +161,33 @@ class ModelRunner:
                 max_kv_splits=config.max_kv_splits,
                 backend=config.backend,
             )
+        self.vision_graphs = self._prepare_vision_graphs()
+
+    def _prepare_vision_graphs(self) -> VisionGraphs | None:
+        config = self.config
+        vision = self.model.vision
+        if vision is None or not (config.cuda_graphs or config.padded_vision):
+            return None
+        prep = self.model.spec.preprocessing
+        shape = (len(prep.mean), prep.image_size, prep.image_size)
+
+        def build(capture: bool) -> VisionGraphs:
+            return VisionGraphs(
+                vision,
+                pixel_shape=shape,
+                batch_sizes=config.vision_batch_sizes,
+                device=self.device,
+                output_dtype=self.model.dtype,
+                capture=capture,
+            )
+
+        if not config.cuda_graphs:
+            return build(capture=False)
+        try:
+            return build(capture=True)
+        except RuntimeError as exc:  # a tower op that cannot be captured: stay eager
+            logger.warning('vision encoder not captured, it runs eagerly: %s', exc)
+            return None
 
     @property
     def vocab_size(self) -> int:
@@ -280,8 +319,14 @@ class ModelRunner:
                 raise ValueError(f'request {r.rid}, image {content_hash}: {exc}') from None
         if pending:
             pixels = torch.stack(list(pending.values()))
-            encoded = self.model.encode_images(pixels)
+            encoded = self._encode(pixels)
             for content_hash, rows in zip(pending, encoded, strict=True):
                 features[content_hash] = rows
                 self.feature_cache.put(content_hash, rows)
         return features
+
+    def _encode(self, pixels: torch.Tensor) -> torch.Tensor:
+        graphs = self.vision_graphs
+        if graphs is not None and graphs.padded_size(pixels.shape[0]) is not None:
+            return graphs.encode(pixels)
+        return self.model.encode_images(pixels)

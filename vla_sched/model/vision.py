@@ -63,10 +63,42 @@ def tower_hf_config(spec: VisionSpec) -> Any:
 
 
 def build_vision_tower(spec: VisionSpec, *, dtype: torch.dtype) -> nn.Module:
-    """A randomly initialized tower module of the checkpoint's type (on the CPU)."""
+    """The checkpoint's tower module on the meta device: shapes only, no storage.
+
+    Its weights are to be assigned (``load_state_dict(..., assign=True)``), then its
+    computed buffers made with :func:`materialize_buffers`.
+    """
+    return _empty_tower(tower_hf_config(spec), dtype=dtype)
+
+
+def _empty_tower(hf_config: Any, *, dtype: torch.dtype) -> nn.Module:
     from transformers import AutoModel
 
-    return AutoModel.from_config(tower_hf_config(spec), dtype=dtype)
+    # Random initialization of a 400M-parameter tower takes tens of seconds on a CPU, and
+    # every value would be overwritten by the checkpoint's.
+    with torch.device('meta'):
+        return AutoModel.from_config(hf_config, dtype=dtype)
+
+
+def materialize_buffers(module: nn.Module, device: torch.device | str) -> None:
+    """Make the computed (non-persistent) buffers a meta-built tower still lacks.
+
+    The towers' only such buffers are position ids (``arange`` over the positions).
+
+    Raises:
+        ValueError: for any other tensor still on the meta device, named.
+    """
+    for name, buffer in list(module.named_buffers()):
+        if not buffer.is_meta:
+            continue
+        owner_name, _, leaf = name.rpartition('.')
+        if leaf != 'position_ids':
+            raise ValueError(f'tower buffer {name} was neither loaded nor computed')
+        ids = torch.arange(buffer.shape[-1], device=device).expand(buffer.shape).to(buffer.dtype)
+        module.get_submodule(owner_name).register_buffer(leaf, ids, persistent=False)
+    missing = [name for name, param in module.named_parameters() if param.is_meta]
+    if missing:
+        raise ValueError(f'tower parameters were not loaded: {missing[:3]}')
 
 
 class VisionEncoder(nn.Module):
@@ -149,10 +181,8 @@ def openvla_tower_hf_config(tower: TowerSpec) -> Any:
 
 
 def build_openvla_tower(tower: TowerSpec, *, dtype: torch.dtype) -> nn.Module:
-    """A randomly initialized transformers tower for ``tower`` (on the CPU)."""
-    from transformers import AutoModel
-
-    return AutoModel.from_config(openvla_tower_hf_config(tower), dtype=dtype)
+    """The transformers tower for ``tower`` on the meta device, as ``build_vision_tower``."""
+    return _empty_tower(openvla_tower_hf_config(tower), dtype=dtype)
 
 
 class OpenVLAProjector(nn.Module):

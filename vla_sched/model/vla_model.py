@@ -144,7 +144,12 @@ def assemble_model(
 
 
 def _assemble_vision(spec, parts, shape_of, read, device, dtype) -> nn.Module:
-    from vla_sched.model.vision import Projector, VisionEncoder, build_vision_tower
+    from vla_sched.model.vision import (
+        Projector,
+        VisionEncoder,
+        build_vision_tower,
+        materialize_buffers,
+    )
 
     vision_spec = spec.vision
     _check_part('projector', parts['projector'], projector_shapes(vision_spec), shape_of)
@@ -153,7 +158,7 @@ def _assemble_vision(spec, parts, shape_of, read, device, dtype) -> nn.Module:
     tower_found = match_tower_names(parts['tower'], tower_shapes)
     _check_part('vision tower', tower_found, tower_shapes, shape_of)
     _load(tower, tower_found, read, device, dtype)
-    tower.to(device)
+    materialize_buffers(tower, device)
     projector = Projector(vision_spec, device='meta', dtype=dtype)
     _load(projector, parts['projector'], read, device, dtype)
     return VisionEncoder(vision_spec, tower, projector)
@@ -197,6 +202,7 @@ def _assemble_openvla_vision(vision_spec, parts, shape_of, read, device, dtype) 
         OpenVLAVisionEncoder,
         build_openvla_tower,
         check_native_positions,
+        materialize_buffers,
     )
 
     _check_part('projector', parts['projector'], openvla_projector_shapes(vision_spec), shape_of)
@@ -212,7 +218,7 @@ def _assemble_openvla_vision(vision_spec, parts, shape_of, read, device, dtype) 
         }
         state = match_module_names(hf_tower_state(tower_spec, timm_tensors), tower.state_dict())
         tower.load_state_dict(state, strict=True, assign=True)
-        tower.to(device)
+        materialize_buffers(tower, device)
         check_native_positions(tower, tower_spec)
         towers.append(tower)
     projector = OpenVLAProjector(vision_spec, device='meta', dtype=dtype)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vla_sched.engine.scheduling.scheduler_config import (
+    DEFAULT_CHUNKED_PREFILL_SIZE,
     LATE_POLICIES,
     PRIORITY_POLICIES,
     SCHEDULE_POLICIES,
@@ -26,6 +27,11 @@ DTYPES = ('auto', 'float32', 'bfloat16', 'float16')
 CORES = ('scheduled', 'sequential')
 ENGINE_MODES = ('process', 'inprocess')
 ACTION_DECODINGS = ('auto', 'whole_vocab', 'action_range')
+# Prefill chunks when chunked_prefill_size is 0. On a CPU a short chunk keeps a new robot's
+# prefill from stalling the others' decodes; on a GPU a whole OpenVLA prompt (about 280
+# tokens) costs a few decode steps, and every extra chunk pays the eager pass's host time.
+CPU_CHUNKED_PREFILL_SIZE = 256
+GPU_CHUNKED_PREFILL_SIZE = DEFAULT_CHUNKED_PREFILL_SIZE
 
 
 class EngineConfigError(ValueError):
@@ -94,7 +100,12 @@ class EngineConfig:
     )
     enable_priority: bool = setting(False, 'order by robot priority first', group='scheduler')
     chunked_prefill_size: int = setting(
-        256, 'max prefill tokens per step', min_value=1, max_value=1 << 20, group='scheduler'
+        0,
+        f'max prefill tokens per step (0: {CPU_CHUNKED_PREFILL_SIZE} on the CPU, '
+        f'{GPU_CHUNKED_PREFILL_SIZE} on a GPU)',
+        min_value=0,
+        max_value=1 << 20,
+        group='scheduler',
     )
     page_size: int = setting(
         16, 'tokens per KV page', min_value=1, max_value=1024, group='scheduler'
@@ -167,6 +178,13 @@ class EngineConfig:
 
     def robot_priority(self, robot_id: str) -> int:
         return int(self.robots.get(robot_id, {}).get('priority', 0))
+
+    def prefill_chunk_tokens(self, device_type: str) -> int:
+        """Prefill tokens per step on ``device_type`` ('cpu', 'cuda'): the setting, or for 0
+        the device's default."""
+        if self.chunked_prefill_size:
+            return self.chunked_prefill_size
+        return CPU_CHUNKED_PREFILL_SIZE if device_type == 'cpu' else GPU_CHUNKED_PREFILL_SIZE
 
 
 @dataclass(frozen=True, slots=True)

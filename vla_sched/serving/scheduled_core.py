@@ -96,7 +96,8 @@ class ScheduledCore:
             num_kv_slots=(self.memory.allocator.num_pages + 1) * page_size,
             config=RunnerConfig(cuda_graphs=config.cuda_graphs and device.type == 'cuda'),
         )
-        self.scheduler = Scheduler(self._scheduler_config(), self.memory, runner,
+        scheduler_config = self._scheduler_config(device.type)
+        self.scheduler = Scheduler(scheduler_config, self.memory, runner,
                                    clock=time.time_ns)  # fmt: skip
         self._info = engine_info(
             self.spec,
@@ -119,18 +120,19 @@ class ScheduledCore:
         )  # fmt: skip
         return round_up_to_page(num, self.config.page_size)
 
-    def _scheduler_config(self) -> SchedulerConfig:
+    def _scheduler_config(self, device_type: str) -> SchedulerConfig:
         """The scheduler's settings, translated from this engine's ``EngineConfig``.
 
         Every exposed setting maps onto its SGLang knob (defaults and choices stay on
-        ``EngineConfig``); the chunk size is rounded down to whole pages. The rest are fixed
+        ``EngineConfig``); the chunk size (the device's default for 0) is rounded down to
+        whole pages. The rest are fixed
         for robots: a pass may prefill at least 1024 tokens, a robot's priority is ignored
         (not refused) while priority scheduling is off, and under 'drop' a step that cannot
         meet its deadline is dropped while it waits. Knobs not named here keep
         ``SchedulerConfig``'s SGLang defaults.
         """
         c = self.config
-        chunk = c.chunked_prefill_size
+        chunk = c.prefill_chunk_tokens(device_type)
         chunk = max(c.page_size, round_down_to_page(chunk, c.page_size))
         return SchedulerConfig(
             schedule_policy=c.policy,
