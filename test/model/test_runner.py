@@ -160,6 +160,51 @@ def test_more_new_images_than_the_largest_vision_size_run_eagerly(tiny_model, pr
     torch.testing.assert_close(outputs[1], outputs[0], rtol=1e-5, atol=1e-5)
 
 
+def test_a_decode_burst_samples_what_single_decode_steps_sample(tiny_model, prompt_builder):
+    prompts = [prompt(prompt_builder, t, s) for t, s in (('go', 41), ('halt', 42))]
+    num_steps = 3
+    outputs = []
+    for burst in (False, True):
+        slots = PagedSlots(seed=10)
+        runner = new_runner(tiny_model, slots)
+        steps = [
+            Step(str(i), i, ids, 0, len(ids), (span,), sampling=ACTIONS)
+            for i, (ids, span) in enumerate(prompts)
+        ]
+        first = runner.launch(make_batch(slots, steps)).result().next_token_ids
+        grown = [[*ids, t] for (ids, _), t in zip(prompts, first, strict=True)]
+        if burst:
+            steps = [
+                Step(str(i), i, [*g, *[-1] * (num_steps - 1)], len(g) - 1,
+                     len(g) - 1 + num_steps, sampling=ACTIONS)
+                for i, g in enumerate(grown)
+            ]  # fmt: skip
+            out = runner.launch(make_batch(slots, steps, decode=True)).result()
+            assert out.next_token_ids == tuple(row[-1] for row in out.burst_token_ids)
+            outputs.append([list(row) for row in out.burst_token_ids])
+            continue
+        tokens = [[] for _ in grown]
+        for _ in range(num_steps):
+            steps = [
+                Step(str(i), i, g, len(g) - 1, len(g), sampling=ACTIONS)
+                for i, g in enumerate(grown)
+            ]
+            out = runner.launch(make_batch(slots, steps, decode=True)).result()
+            for i, token in enumerate(out.next_token_ids):
+                tokens[i].append(token)
+                grown[i] = [*grown[i], token]
+        outputs.append(tokens)
+    assert outputs[0] == outputs[1]
+
+
+def test_a_decode_burst_must_know_only_its_first_input_ids(tiny_model, prompt_builder):
+    ids, _ = prompt(prompt_builder, 'go', 43)
+    slots = PagedSlots()
+    known = Step('r', 0, [*ids, 300, 301], len(ids), len(ids) + 2)
+    with pytest.raises(ValueError, match='first input id'):
+        make_batch(slots, [known], decode=True).check()
+
+
 def test_triton_kernels_under_the_interpreter_match_the_torch_path(tiny_model, prompt_builder):
     ids, span = prompt(prompt_builder, 'go', 4)
     outputs = []

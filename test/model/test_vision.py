@@ -80,5 +80,5 @@ def test_a_meta_built_tower_gets_its_position_ids_and_refuses_other_unloaded_buf
 
     with torch.device('meta'):
         tower.embeddings.register_buffer('mask', torch.ones(3), persistent=False)
-    with pytest.raises(ValueError, match='embeddings.mask'):
+    with pytest.raises(ValueError, match=r'embeddings\.mask'):
         materialize_buffers(tower, 'cpu')

@@ -142,3 +142,63 @@ def test_the_scheduler_gets_the_cpu_chunk_when_the_setting_is_zero():
         assert core.scheduler.config.chunked_prefill_size == 256
     finally:
         core.close()
+
+
+def _decode_steps_per_pass(core: ScheduledCore, robots, seq: int) -> tuple[dict, list[int]]:
+    """Submit one step per robot and run until idle: the outputs by robot and the number
+    of decode steps of every decode pass."""
+    for robot in robots:
+        assert core.submit(_request(robot, seq), time.time_ns()) == []
+    outs, passes = {}, []
+    for _ in range(400):
+        if not core.has_work():
+            return outs, passes
+        for out in core.step(time.time_ns()):
+            outs[out.robot_id] = out
+        core.check_integrity()
+        last = core.scheduler.last_batch
+        if last is not None and not last.is_extend and last.forward_batch is not None:
+            passes.append(last.forward_batch.num_decode_steps)
+    raise AssertionError('the scheduler did not go idle')
+
+
+def test_decode_bursts_give_the_same_actions_in_fewer_passes():
+    robots = ('b1', 'b2', 'b3')
+    results = {}
+    for steps in (1, 8):
+        core = _core(num_continuous_decode_steps=steps)
+        try:
+            results[steps] = _decode_steps_per_pass(core, robots, 1)
+        finally:
+            core.close()
+    (single, single_passes), (burst, burst_passes) = results[1], results[8]
+    num_decode_tokens = core.info.action_horizon * core.info.action_dim - 1
+    assert set(single_passes) == {1}
+    assert max(burst_passes) > 1 and len(burst_passes) < len(single_passes)
+    # Every robot got each of its tokens once: a burst never runs past max_new_tokens.
+    assert sum(burst_passes) <= sum(single_passes) <= len(robots) * num_decode_tokens
+    for robot in robots:
+        assert isinstance(burst[robot], StepResult) and isinstance(single[robot], StepResult)
+        np.testing.assert_array_equal(burst[robot].actions, single[robot].actions)
+
+
+def test_no_burst_runs_while_a_step_waits_for_its_prefill():
+    # Two decode-only passes follow each prefill: w1 decodes while w2 waits.
+    core = _core(
+        num_continuous_decode_steps=8, prefill_decode_interval=2, chunked_prefill_size=1024
+    )
+    try:
+        assert core.submit(_request('w1', 1), time.time_ns()) == []
+        core.step(time.time_ns())  # w1's whole prefill
+        core.check_integrity()
+        assert core.scheduler.last_batch.is_extend and not core.scheduler.waiting_queue
+        assert core.submit(_request('w2', 1), time.time_ns()) == []
+        core.step(time.time_ns())
+        core.check_integrity()
+        last = core.scheduler.last_batch
+        assert core.scheduler.waiting_queue and not last.is_extend
+        assert last.forward_batch.num_decode_steps == 1
+        outs = _drain(core)
+        assert sorted(o.robot_id for o in outs if isinstance(o, StepResult)) == ['w1', 'w2']
+    finally:
+        core.close()

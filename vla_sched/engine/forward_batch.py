@@ -16,6 +16,11 @@ Index ranges of request ``i`` in a batch (positions in its token sequence)::
 batch order. For a decode step every ``extend_lens[i]`` is 1. An input id of -1
 (``FUTURE_TOKEN_ID``) stands for the token the runner last sampled for that request's row:
 the overlap loop launches decode step k+1 before the host has seen step k's tokens.
+
+A decode burst is ``k`` decode steps in one batch (SGLang's continuous decode steps): every
+``extend_lens[i]`` is ``k``, each request's first input id is known and the other ``k - 1``
+are ``FUTURE_TOKEN_ID`` (each the token sampled by the step before), and the runner returns
+each request's ``k`` tokens (``ForwardOutput.burst_token_ids``).
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ from typing import Protocol
 
 import numpy as np
 import torch
+
+FUTURE_TOKEN_ID = -1  # decode input: "the token the runner last sampled for this row"
 
 
 class ForwardMode(enum.Enum):
@@ -120,8 +127,20 @@ class ForwardBatch:
         n = int(self.extend_lens.sum())
         if self.input_ids.shape != (n,) or self.out_cache_loc.shape != (n,):
             raise ValueError(f'input_ids and out_cache_loc must hold {n} tokens')
-        if self.forward_mode is ForwardMode.DECODE and bool((self.extend_lens != 1).any()):
-            raise ValueError('a decode batch extends every request by exactly one token')
+        if self.forward_mode is ForwardMode.DECODE and b:
+            steps = self.num_decode_steps
+            if steps < 1 or bool((self.extend_lens != steps).any()):
+                raise ValueError('a decode batch extends every request by the same k >= 1 tokens')
+            later = self.input_ids.view(b, steps)[:, 1:]
+            if bool((later != FUTURE_TOKEN_ID).any()):
+                raise ValueError('a decode burst knows only its first input id per request')
+
+    @property
+    def num_decode_steps(self) -> int:
+        """Decode steps this batch runs (1, or ``k`` for a burst); 0 for an empty batch."""
+        if self.forward_mode is not ForwardMode.DECODE or not self.batch_size:
+            return 0 if not self.batch_size else 1
+        return int(self.extend_lens[0])
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,10 +148,18 @@ class ForwardOutput:
     """What a runner returns for one batch.
 
     ``next_token_ids[i]`` is the sampled token of request ``i``, or -1 where
-    ``batch.sample[i]`` was false.
+    ``batch.sample[i]`` was false. For a decode burst of ``k`` steps, ``burst_token_ids[i]``
+    holds request ``i``'s ``k`` tokens in order and ``next_token_ids[i]`` the last of them.
     """
 
     next_token_ids: tuple[int, ...]
+    burst_token_ids: tuple[tuple[int, ...], ...] | None = None
+
+    def tokens_of(self, i: int) -> tuple[int, ...]:
+        """Request ``i``'s tokens of this step, in order."""
+        if self.burst_token_ids is not None:
+            return self.burst_token_ids[i]
+        return (self.next_token_ids[i],)
 
 
 class ResultHandle(Protocol):

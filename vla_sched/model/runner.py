@@ -8,7 +8,9 @@ covers replace its image placeholder tokens.
 For the overlap loop, ``launch`` returns at once on a GPU (results are copied back on the
 side and ``result()`` waits for them), and an input id of ``-1`` stands for the token the
 runner last sampled for that request row, so decode step k+1 can launch before the host has
-seen step k's tokens.
+seen step k's tokens. A decode burst runs its ``k`` steps back to back the same way, each
+step's input the token the step before sampled on the device, and copies all ``k x B``
+tokens back once.
 """
 
 from __future__ import annotations
@@ -19,12 +21,16 @@ from dataclasses import dataclass
 
 import torch
 
-from vla_sched.engine.forward_batch import ForwardBatch, ForwardMode, ForwardOutput
+from vla_sched.engine.forward_batch import (
+    FUTURE_TOKEN_ID,
+    ForwardBatch,
+    ForwardMode,
+    ForwardOutput,
+)
 from vla_sched.model.attention import AttentionMetadata
 from vla_sched.model.decode_graphs import DecodeGraphs
 from vla_sched.model.sampling import check_sampling_params, sample_next_tokens
 from vla_sched.model.step_inputs import (
-    FUTURE_TOKEN,
     ImageRows,
     check_batch,
     image_rows,
@@ -84,7 +90,8 @@ class RunnerConfig:
 
 
 class LaunchedStep:
-    """A launched step's sampled tokens; ``result()`` waits for the device if needed."""
+    """A launched step's sampled tokens (``[B]``, or ``[B, k]`` for a decode burst);
+    ``result()`` waits for the device if needed."""
 
     def __init__(
         self,
@@ -101,6 +108,11 @@ class LaunchedStep:
         if self._output is None:
             if self._event is not None:
                 self._event.synchronize()
+            if self._tokens.dim() == 2:
+                rows = tuple(tuple(row) for row in self._tokens.tolist())
+                last = tuple(row[-1] for row in rows)
+                self._output = ForwardOutput(next_token_ids=last, burst_token_ids=rows)
+                return self._output
             values = iter(self._tokens.tolist())
             ids = tuple(next(values) if s else -1 for s in self._sample)
             self._output = ForwardOutput(next_token_ids=ids)
@@ -199,15 +211,22 @@ class ModelRunner:
             return LaunchedStep(torch.empty(0, dtype=torch.int64), [False] * batch.batch_size)
         check_sampling_params(batch.sampling, batch.rids, self.vocab_size)
         with torch.inference_mode():
-            rows, positions = logit_rows(batch)
-            logits = self._forward(batch, rows=rows)
-            params = [p for p, s in zip(batch.sampling, batch.sample, strict=True) if s]
-            tokens = sample_next_tokens(logits, params, positions)
-            sampled = [i for i in range(batch.batch_size) if batch.sample[i]]
-            if sampled:
-                pool_rows = to_device(batch.req_pool_indices[sampled], self.device)
-                self._last_tokens[pool_rows] = tokens
-            return self._handle(tokens, batch.sample)
+            if batch.num_decode_steps > 1:
+                steps = [self._sample_step(step) for step in burst_steps(batch)]
+                return self._handle(torch.stack(steps, dim=1), batch.sample)
+            return self._handle(self._sample_step(batch), batch.sample)
+
+    def _sample_step(self, batch: ForwardBatch) -> torch.Tensor:
+        """Run one step and sample; the tokens stay on the device (``[num sampled]``)."""
+        rows, positions = logit_rows(batch)
+        logits = self._forward(batch, rows=rows)
+        params = [p for p, s in zip(batch.sampling, batch.sample, strict=True) if s]
+        tokens = sample_next_tokens(logits, params, positions)
+        sampled = [i for i in range(batch.batch_size) if batch.sample[i]]
+        if sampled:
+            pool_rows = to_device(batch.req_pool_indices[sampled], self.device)
+            self._last_tokens[pool_rows] = tokens
+        return tokens
 
     def forward_logits(self, batch: ForwardBatch) -> torch.Tensor:
         """Float32 logits of every new token ``[num_tokens, vocab]`` (tests, scoring).
@@ -266,12 +285,12 @@ class ModelRunner:
 
     def _resolve_input_ids(self, batch: ForwardBatch, pool_rows_dev: torch.Tensor) -> torch.Tensor:
         ids = to_device(batch.input_ids, self.device)
-        if not bool((batch.input_ids == FUTURE_TOKEN).any()):
+        if not bool((batch.input_ids == FUTURE_TOKEN_ID).any()):
             return ids
         token_rows = torch.repeat_interleave(
             pool_rows_dev, to_device(batch.extend_lens, self.device), output_size=batch.num_tokens
         )
-        return torch.where(ids == FUTURE_TOKEN, self._last_tokens[token_rows], ids)
+        return torch.where(ids == FUTURE_TOKEN_ID, self._last_tokens[token_rows], ids)
 
     def _metadata(self, batch: ForwardBatch) -> AttentionMetadata:
         spans = None
@@ -330,3 +349,35 @@ class ModelRunner:
         if graphs is not None and graphs.padded_size(pixels.shape[0]) is not None:
             return graphs.encode(pixels)
         return self.model.encode_images(pixels)
+
+
+def burst_steps(batch: ForwardBatch) -> list[ForwardBatch]:
+    """A decode burst of ``k`` steps as its ``k`` single decode steps, in order.
+
+    Step ``j`` decodes position ``prefix_lens + j`` into the ``j``-th of each request's
+    slots; its input ids are the burst's first ids, then ``FUTURE_TOKEN_ID`` (the token the
+    step before sampled).
+    """
+    num_steps, size = batch.num_decode_steps, batch.batch_size
+    ids = batch.input_ids.view(size, num_steps)
+    slots = batch.out_cache_loc.view(size, num_steps)
+    ones = torch.ones(size, dtype=torch.int64)
+    steps = []
+    for j in range(num_steps):
+        prefix = batch.prefix_lens + j
+        steps.append(
+            ForwardBatch(
+                forward_mode=ForwardMode.DECODE,
+                rids=batch.rids,
+                req_pool_indices=batch.req_pool_indices,
+                prefix_lens=prefix,
+                extend_lens=ones,
+                seq_lens=prefix + 1,
+                input_ids=ids[:, j].contiguous(),
+                out_cache_loc=slots[:, j].contiguous(),
+                sample=batch.sample,
+                sampling=batch.sampling,
+                images=batch.images,
+            )
+        )
+    return steps

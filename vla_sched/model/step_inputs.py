@@ -11,9 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from vla_sched.engine.forward_batch import ForwardBatch, ImageInput
-
-FUTURE_TOKEN = -1  # input id meaning "the token this runner last sampled for the request"
+from vla_sched.engine.forward_batch import FUTURE_TOKEN_ID, ForwardBatch, ImageInput
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,7 +40,7 @@ def check_batch(
 
     Checks rows, lengths and slots against the slot table and the KV capacity, that the
     new tokens' slots are the ones the slot table lists for their positions, and that token
-    ids are in the vocabulary (or ``FUTURE_TOKEN``). Vectorized: a handful of tensor ops
+    ids are in the vocabulary (or ``FUTURE_TOKEN_ID``). Vectorized: a handful of tensor ops
     whatever the batch size.
     """
     batch.check()
@@ -84,7 +82,7 @@ def check_batch(
     if loc.numel() and torch.unique(loc).numel() != loc.numel():
         raise ValueError('out_cache_loc writes one KV slot twice in this batch')
     ids = batch.input_ids
-    bad_ids = (ids < FUTURE_TOKEN) | (ids >= vocab_size)
+    bad_ids = (ids < FUTURE_TOKEN_ID) | (ids >= vocab_size)
     if bool(bad_ids.any()):
         t = int(bad_ids.nonzero()[0, 0])
         raise ValueError(

@@ -120,7 +120,17 @@ class EngineConfig:
         True, 'delay prefills to protect decodes', group='scheduler'
     )
     enable_overlap: bool = setting(
-        True, 'process results one step behind the GPU', group='scheduler'
+        True,
+        'process results one step behind the GPU (GPU only: on the CPU a step has its '
+        'tokens when it returns)',
+        group='scheduler',
+    )
+    num_continuous_decode_steps: int = setting(
+        8,
+        'decode steps one pass may run when no step waits for prefill (without overlap)',
+        min_value=1,
+        max_value=64,
+        group='scheduler',
     )
     prefill_decode_interval: int = setting(
         1,
@@ -193,12 +203,12 @@ class EngineLinkConfig:
 
     Heartbeats go both ways every ``heartbeat_period_s``; an engine not heard from for
     ``heartbeat_timeout_s`` is presumed dead. Beats are sent between scheduler iterations, so
-    the timeout must exceed the slowest iteration; a dead process or thread is noticed at
-    once, without waiting for it. A dead engine is restarted after ``restart_delay_s``, doubled
-    for each restart in a row up to ``restart_max_delay_s``; an engine that stays ready for
-    ``restart_max_delay_s`` ends the row. One not ready ``start_timeout_s`` after a start is
-    dead. The frontend collects results every
-    ``poll_period_s``.
+    the timeout must exceed the slowest iteration; a dead process or thread is noticed by its
+    exit within a heartbeat period, without waiting for the timeout. A dead engine is
+    restarted after ``restart_delay_s``, doubled for each restart in a row up to
+    ``restart_max_delay_s``; an engine that stays ready for ``restart_max_delay_s`` ends the
+    row. One not ready ``start_timeout_s`` after a start is dead. The frontend is woken by the
+    engine's messages; it polls nothing.
     """
 
     mode: str = setting(
@@ -232,13 +242,6 @@ class EngineLinkConfig:
         'an engine not ready after this is dead (s)',
         min_value=1.0,
         max_value=3600.0,
-        group='engine',
-    )
-    poll_period_s: float = setting(
-        0.005,
-        'how often results are collected (s)',
-        min_value=0.001,
-        max_value=0.1,
         group='engine',
     )
 

@@ -146,7 +146,9 @@ class ScheduledCore:
             ),
             late_policy=c.late_policy,
             drop_unmeetable_steps=True,  # only under 'drop': keeps overload from collapsing
-            enable_overlap=c.enable_overlap,
+            # On the CPU a step's tokens are known when it returns: nothing to overlap.
+            enable_overlap=c.enable_overlap and device_type != 'cpu',
+            num_continuous_decode_steps=c.num_continuous_decode_steps,
             prefill_delayer=PrefillDelayerConfig(enabled=c.enable_prefill_delayer),
             prefill_decode_interval=c.prefill_decode_interval,
         )

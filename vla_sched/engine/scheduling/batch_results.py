@@ -3,8 +3,10 @@
 Prefill rows: a middle chunk only decrements the request's in-flight chunk counter; a
 final row appends the first token, then either finishes the request (its KV enters the
 tree) or caches its prompt (``cache_unfinished_req``: the prompt is shareable at once and
-a robot's session lock moves down to it). Decode rows append one token and finish the
-request when it has ``max_new_tokens`` or an abort was requested.
+a robot's session lock moves down to it). Decode rows append one token (``k`` for a decode
+burst) and finish the request when it has ``max_new_tokens`` or an abort was requested.
+A burst's tokens arrive together; their times are spread evenly since the request's last
+token, so the inter-token latency window holds the burst's mean, not ``k - 1`` zeros.
 
 A row is skipped when its request finished meanwhile, or was retracted or preempted after
 the step was launched (its generation changed): under the overlap loop, results arrive one
@@ -74,15 +76,22 @@ class ResultProcessor:
             if not fb.sample[i]:
                 req.inflight_middle_chunks -= 1
                 continue
-            token = output.next_token_ids[i]
-            if token < 0:
-                raise RuntimeError(f'{req.describe()}: the runner sampled token {token}')
+            tokens = output.tokens_of(i)
+            expected = 1 if batch.is_extend else fb.num_decode_steps
+            if len(tokens) != expected or min(tokens) < 0:
+                raise RuntimeError(
+                    f'{req.describe()}: the runner returned tokens {list(tokens)} for a step '
+                    f'of {expected}'
+                )
             if batch.is_extend:
-                self._process_prefill_row(req, token, now)
-            else:
-                self._append(req, token, now)
-                if req.update_finish_state():
-                    self.finish(req, req.finished_reason)
+                self._process_prefill_row(req, tokens[0], now)
+                continue
+            last = req.times.last_token_ns
+            for j, token in enumerate(tokens, start=1):
+                stamp = now if last is None else last + (now - last) * j // len(tokens)
+                self._append(req, token, stamp)
+            if req.update_finish_state():
+                self.finish(req, req.finished_reason)
 
     @staticmethod
     def _is_stale(batch: ScheduleBatch, i: int) -> bool:

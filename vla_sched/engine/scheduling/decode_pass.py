@@ -3,9 +3,9 @@
 Drop finished rows; if the next decode step does not fit the pool (after evicting
 unlocked cache), retract requests (``ScheduleBatch.retract_decode``) and set the
 new-token ratio to its after-retract estimate, else decay the ratio one step; clear the
-full flag when the batch shrank; allocate one KV slot per remaining row. Each retract is
-logged with the pool state and counted for its robot; a request that does not fit even
-alone is aborted (out of memory).
+full flag when the batch shrank; allocate one KV slot per remaining row, or ``k`` for a
+decode burst (``decode_burst_steps``). Each retract is logged with the pool state and
+counted for its robot; a request that does not fit even alone is aborted (out of memory).
 """
 
 from __future__ import annotations
@@ -38,6 +38,8 @@ class DecodeHost(Protocol):
     new_token_ratio: NewTokenRatioTracker
     robots: RobotRules
     running_batch: ScheduleBatch
+    waiting_queue: list[Req]
+    chunked_req: Req | None
 
     def add_to_queue(self, req: Req, *, is_new: bool) -> FinishReason | None: ...
 
@@ -59,7 +61,30 @@ def update_running_batch(s: DecodeHost, now: int) -> None:
     if len(batch) < initial_size:
         batch.batch_is_full = False
     if not batch.is_empty():
-        batch.prepare_for_decode(s.memory)
+        batch.prepare_for_decode(s.memory, num_steps=decode_burst_steps(s, now))
+
+
+def decode_burst_steps(s: DecodeHost, now: int) -> int:
+    """Decode steps the next pass runs: 1, or a burst of up to
+    ``num_continuous_decode_steps`` when nothing needs a decision between them.
+
+    A burst needs the normal loop (the overlap loop allocates the next step before the
+    last one's tokens are known), no request waiting for prefill (a new robot waits at
+    most one burst), no running request asked to finish or past its deadline (expiry
+    decides those first), and the pool free for every step's KV. It never runs a request
+    past its ``max_new_tokens``.
+    """
+    steps = s.config.num_continuous_decode_steps
+    if steps <= 1 or s.config.enable_overlap or s.waiting_queue or s.chunked_req is not None:
+        return 1
+    batch = s.running_batch
+    for req in batch.reqs:
+        if req.to_finish is not None or (req.deadline_ns is not None and now >= req.deadline_ns):
+            return 1
+        steps = min(steps, req.max_new_tokens - len(req.output_ids))
+    if steps <= 1 or not batch.check_decode_mem(s.memory, num_steps=steps):
+        return 1
+    return steps
 
 
 def _retract(s: DecodeHost, batch: ScheduleBatch, now: int) -> None:

@@ -26,13 +26,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from vla_sched.engine.forward_batch import ForwardBatch, ForwardMode
+from vla_sched.engine.forward_batch import FUTURE_TOKEN_ID, ForwardBatch, ForwardMode
 
 if TYPE_CHECKING:
     from vla_sched.engine.memory.kv_memory import KVMemory
     from vla_sched.engine.scheduling.request import Req
-
-FUTURE_TOKEN_ID = -1  # decode input: "the token the runner last sampled for this row"
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,8 +103,9 @@ class ScheduleBatch:
         prefix_lens = [r.extend_start for r in self.reqs]
         return self._build(prefix_lens, extend_lens, input_ids, slots, sample)
 
-    def prepare_for_decode(self, memory: KVMemory) -> ForwardBatch:
-        """Allocate one KV slot per row for its next token and describe the step.
+    def prepare_for_decode(self, memory: KVMemory, *, num_steps: int = 1) -> ForwardBatch:
+        """Allocate ``num_steps`` KV slots per row and describe the decode step (a burst of
+        ``num_steps`` steps when more than one; see ``forward_batch``).
 
         Raises:
             RuntimeError: a row's KV lags its known tokens by more than one.
@@ -122,9 +121,10 @@ class ScheduleBatch:
                 )
             known = pos < req.num_fill_tokens
             input_ids.append(req.fill_ids(pos, pos + 1)[0] if known else FUTURE_TOKEN_ID)
-        slots = memory.allocate_decode([r.kv for r in self.reqs])
-        ones = [1] * len(self.reqs)
-        return self._build(positions, ones, input_ids, slots, tuple(True for _ in self.reqs))
+            input_ids += [FUTURE_TOKEN_ID] * (num_steps - 1)
+        steps = [num_steps] * len(self.reqs)
+        slots = memory.allocate_extend([r.kv for r in self.reqs], steps)
+        return self._build(positions, steps, input_ids, slots, tuple(True for _ in self.reqs))
 
     def _build(
         self,
@@ -189,12 +189,14 @@ class ScheduleBatch:
 
     # ---- decode memory ---------------------------------------------------------------
 
-    def check_decode_mem(self, memory: KVMemory, reqs: list[Req] | None = None) -> bool:
-        """Whether the next decode step of ``reqs`` (default: all rows) fits, evicting the
-        tree's unlocked pages first when free pages run short (SGLang evicts the full
-        need, not the deficit)."""
+    def check_decode_mem(
+        self, memory: KVMemory, reqs: list[Req] | None = None, *, num_steps: int = 1
+    ) -> bool:
+        """Whether the next ``num_steps`` decode steps of ``reqs`` (default: all rows) fit,
+        evicting the tree's unlocked pages first when free pages run short (SGLang evicts
+        the full need, not the deficit)."""
         reqs = self.reqs if reqs is None else reqs
-        need = memory.tokens_needed([r.kv for r in reqs], [1] * len(reqs))
+        need = memory.tokens_needed([r.kv for r in reqs], [num_steps] * len(reqs))
         if memory.num_free_tokens() < need:
             memory.evict(need)
         return memory.num_free_tokens() >= need

@@ -112,6 +112,10 @@ class SchedulerConfig:
             deadline (now + the median service time of recent steps) is dropped before it
             takes compute from steps that can (see ``expiry``).
         enable_overlap: process step N-1's results while step N runs.
+        num_continuous_decode_steps: decode steps one pass may run as a burst (SGLang's
+            ``--num-continuous-decode-steps``), in the normal loop only, when no request
+            waits for prefill, no running request is past its deadline or asked to finish,
+            and the pool holds every step's KV; at most each request's remaining tokens.
         disable_consecutive_prefill_overlap: process a prefill's results before launching
             the next prefill (better time to first token).
         retract_window_ms: length of the sliding window of the retract counter.
@@ -148,6 +152,7 @@ class SchedulerConfig:
     late_policy: str = 'drop'
     drop_unmeetable_steps: bool = False
     enable_overlap: bool = True
+    num_continuous_decode_steps: int = 1
     disable_consecutive_prefill_overlap: bool = False
     retract_window_ms: float = 10_000.0
     latency_window_size: int = 1024
@@ -199,6 +204,7 @@ class SchedulerConfig:
             'new_token_ratio_decay_steps',
             'clip_max_new_tokens_estimation',
             'latency_window_size',
+            'num_continuous_decode_steps',
         )
         for name in positive:
             value = getattr(self, name)
