@@ -205,6 +205,52 @@ def test_a_decode_burst_must_know_only_its_first_input_ids(tiny_model, prompt_bu
         make_batch(slots, [known], decode=True).check()
 
 
+def test_padded_prefill_path_equals_the_eager_prefill_and_keeps_real_kv(
+    tiny_model, prompt_builder
+):
+    prompts = [prompt(prompt_builder, t, s) for t, s in (('a', 51), ('bb', 52), ('ccc', 53))]
+    cut = len(prompts[0][0]) - 5
+    outputs = []
+    for padded in (False, True):
+        slots = PagedSlots(seed=11)
+        runner = new_runner(
+            tiny_model, slots, padded_prefill=padded, prefill_token_counts=(32, 256),
+            prefill_max_requests=4,
+        )  # fmt: skip
+        assert (runner.prefill_graphs is not None) == padded
+        # A chunk of one prompt, then its rest beside two whole prompts (a cached prefix).
+        first = make_batch(slots, [Step('0', 0, prompts[0][0], 0, cut, (prompts[0][1],))])
+        logits = [runner.forward_logits(first)]
+        rest = [Step('0', 0, prompts[0][0], cut, len(prompts[0][0]), (prompts[0][1],))]
+        rest += [
+            Step(str(i), i, ids, 0, len(ids), (span,))
+            for i, (ids, span) in enumerate(prompts[1:], start=1)
+        ]
+        logits.append(runner.forward_logits(make_batch(slots, rest)))
+        lens = [len(ids) for ids, _ in prompts]
+        kv = [
+            runner.kv_caches[1][0][slots.req_to_token[i, :n].long()].clone()
+            for i, n in enumerate(lens)
+        ]
+        outputs.append((logits, kv))
+    (plain_logits, plain_kv), (padded_logits, padded_kv) = outputs
+    for plain, padded in zip(plain_logits + plain_kv, padded_logits + padded_kv, strict=True):
+        # Other shapes, so equal up to float32 rounding; a padding token writing a real
+        # slot, or a padding request attending, would change them entirely.
+        torch.testing.assert_close(padded, plain, rtol=1e-5, atol=1e-5)
+
+
+def test_a_prefill_past_the_largest_padded_count_runs_eagerly(tiny_model, prompt_builder):
+    ids, span = prompt(prompt_builder, 'go', 54)
+    outputs = []
+    for config in ({}, {'padded_prefill': True, 'prefill_token_counts': (8,)}):
+        slots = PagedSlots(seed=12)
+        runner = new_runner(tiny_model, slots, **config)
+        step = Step('r', 0, ids, 0, len(ids), (span,))
+        outputs.append(runner.forward_logits(make_batch(slots, [step])))
+    torch.testing.assert_close(outputs[1], outputs[0], rtol=1e-5, atol=1e-5)
+
+
 def test_triton_kernels_under_the_interpreter_match_the_torch_path(tiny_model, prompt_builder):
     ids, span = prompt(prompt_builder, 'go', 4)
     outputs = []

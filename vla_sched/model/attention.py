@@ -98,9 +98,7 @@ class AttentionMetadata:
         """Derive positions and offsets from CPU lengths and move everything to ``device``."""
         prefix_lens = prefix_lens.to(torch.int64)
         extend_lens = extend_lens.to(torch.int64)
-        extend_start_loc = torch.cumsum(extend_lens, 0) - extend_lens
-        starts = torch.repeat_interleave(prefix_lens - extend_start_loc, extend_lens)
-        positions = torch.arange(int(extend_lens.sum()), dtype=torch.int64) + starts
+        positions, extend_start_loc = extend_positions(prefix_lens, extend_lens)
         max_extend_len = int(extend_lens.max()) if extend_lens.numel() else 0
 
         def put(t: torch.Tensor) -> torch.Tensor:
@@ -120,6 +118,17 @@ class AttentionMetadata:
             image_spans=None if image_spans is None else put(image_spans.to(torch.int64)),
             backend=backend,
         )
+
+
+def extend_positions(
+    prefix_lens: torch.Tensor, extend_lens: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each new token's position ``[T]`` and each request's first row ``[B]`` (int64, on the
+    lengths' device): request ``i``'s tokens sit at ``prefix_lens[i] ...`` back to back."""
+    extend_start_loc = torch.cumsum(extend_lens, 0) - extend_lens
+    starts = torch.repeat_interleave(prefix_lens - extend_start_loc, extend_lens)
+    positions = torch.arange(int(extend_lens.sum()), dtype=torch.int64) + starts
+    return positions, extend_start_loc
 
 
 def paged_attention(

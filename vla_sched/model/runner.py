@@ -29,6 +29,7 @@ from vla_sched.engine.forward_batch import (
 )
 from vla_sched.model.attention import AttentionMetadata
 from vla_sched.model.decode_graphs import DecodeGraphs
+from vla_sched.model.prefill_graphs import PrefillGraphs, max_padding
 from vla_sched.model.sampling import check_sampling_params, sample_next_tokens
 from vla_sched.model.step_inputs import (
     ImageRows,
@@ -55,7 +56,8 @@ class RunnerConfig:
         feature_cache_size: Images whose projected features are kept (by content hash).
         bidirectional_image_spans: Let image tokens see each other (prefix-LM models); LLaVA
             checkpoints are causal, so off by default.
-        cuda_graphs: Capture decode steps and the vision encoder as CUDA graphs (GPU only).
+        cuda_graphs: Capture decode steps, prefills and the vision encoder as CUDA graphs
+            (GPU only).
         decode_batch_sizes: Padded decode batch sizes for the persistent-buffer path.
         padded_decode: Run decode through the padded persistent-buffer path even without
             graphs (on by itself whenever ``cuda_graphs`` is).
@@ -63,6 +65,12 @@ class RunnerConfig:
             path; more new images in one step run eagerly.
         padded_vision: Run the vision encoder through that path even without graphs (on by
             itself whenever ``cuda_graphs`` is).
+        prefill_token_counts: Padded token counts of the prefill persistent-buffer path;
+            longer prefills (and prefills of more than ``prefill_max_requests`` requests, or
+            with bidirectional image spans) run eagerly.
+        prefill_max_requests: Most requests of a prefill on that path.
+        padded_prefill: Run prefills through that path even without graphs (on by itself
+            whenever ``cuda_graphs`` is).
         max_kv_splits: Split bound of the Triton decode kernel.
     """
 
@@ -74,6 +82,13 @@ class RunnerConfig:
     padded_decode: bool = False
     vision_batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
     padded_vision: bool = False
+    prefill_token_counts: tuple[int, ...] = (
+        *range(64, 513, 64),
+        *range(640, 1025, 128),
+        *range(1280, 2049, 256),
+    )
+    prefill_max_requests: int = 16
+    padded_prefill: bool = False
     max_kv_splits: int = 8
 
     def __post_init__(self) -> None:
@@ -85,6 +100,10 @@ class RunnerConfig:
             raise ValueError(f'bad decode_batch_sizes {self.decode_batch_sizes}')
         if not self.vision_batch_sizes or min(self.vision_batch_sizes) < 1:
             raise ValueError(f'bad vision_batch_sizes {self.vision_batch_sizes}')
+        if not self.prefill_token_counts or min(self.prefill_token_counts) < 1:
+            raise ValueError(f'bad prefill_token_counts {self.prefill_token_counts}')
+        if self.prefill_max_requests < 1:
+            raise ValueError('prefill_max_requests must be >= 1')
         if self.max_kv_splits < 1:
             raise ValueError('max_kv_splits must be >= 1')
 
@@ -152,7 +171,12 @@ class ModelRunner:
         self.num_kv_slots = num_kv_slots
         num_rows, max_context_len = req_to_token.shape
         padded = config.cuda_graphs or config.padded_decode
-        num_pad_slots = max(config.decode_batch_sizes) if padded else 0
+        prefill_padded = config.cuda_graphs or config.padded_prefill
+        # Reserved KV slots past the engine's: one per decode padding row, then one per
+        # prefill padding token.
+        num_decode_pad = max(config.decode_batch_sizes) if padded or prefill_padded else 0
+        num_prefill_pad = max_padding(config.prefill_token_counts) if prefill_padded else 0
+        num_pad_slots = num_decode_pad + num_prefill_pad
         self.kv_caches = model.decoder.allocate_kv_cache(num_kv_slots + num_pad_slots)
         self._req_to_token_dev = torch.zeros(
             num_rows + 1, max_context_len, dtype=torch.int32, device=self.device
@@ -173,7 +197,38 @@ class ModelRunner:
                 max_kv_splits=config.max_kv_splits,
                 backend=config.backend,
             )
+        self.prefill_graphs = None
+        if prefill_padded:
+            self.prefill_graphs = self._prepare_prefill_graphs(
+                dummy_row=num_rows, first_pad_slot=num_kv_slots + num_decode_pad
+            )
         self.vision_graphs = self._prepare_vision_graphs()
+
+    def _prepare_prefill_graphs(
+        self, *, dummy_row: int, first_pad_slot: int
+    ) -> PrefillGraphs | None:
+        config = self.config
+
+        def build(capture: bool) -> PrefillGraphs:
+            return PrefillGraphs(
+                self.model.decoder,
+                self.kv_caches,
+                self._req_to_token_dev,
+                token_counts=config.prefill_token_counts,
+                max_requests=config.prefill_max_requests,
+                dummy_row=dummy_row,
+                first_pad_slot=first_pad_slot,
+                capture=capture,
+                backend=config.backend,
+            )
+
+        if not config.cuda_graphs:
+            return build(capture=False)
+        try:
+            return build(capture=True)
+        except RuntimeError as exc:  # an op that cannot be captured: prefills stay eager
+            logger.warning('prefill not captured, it runs eagerly: %s', exc)
+            return None
 
     def _prepare_vision_graphs(self) -> VisionGraphs | None:
         config = self.config
@@ -276,9 +331,24 @@ class ModelRunner:
                 [i for i in range(batch.batch_size) if batch.sample[i]], dtype=torch.int64
             )
             return logits[to_device(sample_rows, self.device)]
-        meta = self._metadata(batch)
         embeds = self._embed(input_ids, images)
-        hidden = self.model.decoder(embeds, meta, self.kv_caches)
+        prefill = self.prefill_graphs
+        use_prefill_graphs = (
+            batch.forward_mode is ForwardMode.EXTEND
+            and prefill is not None
+            and not self.config.bidirectional_image_spans
+            and prefill.padded_size(batch.num_tokens, batch.batch_size) is not None
+        )
+        if use_prefill_graphs:
+            hidden = prefill.run(
+                embeds=embeds,
+                out_cache_loc=batch.out_cache_loc,
+                req_pool_indices=batch.req_pool_indices,
+                prefix_lens=batch.prefix_lens,
+                extend_lens=batch.extend_lens,
+            )
+        else:
+            hidden = self.model.decoder(embeds, self._metadata(batch), self.kv_caches)
         if rows is not None:
             hidden = hidden[to_device(rows, self.device)]
         return self.model.decoder.logits(hidden)
