@@ -303,3 +303,36 @@ def test_openvla_folder_reads_an_unnorm_key_from_vla_config_and_refuses_other_ke
     (folder / 'vla_config.json').write_text(json.dumps({'action_horizon': 4}))
     with pytest.raises(CheckpointError, match=r"\['action_horizon'\]"):
         read_checkpoint_spec(folder)
+
+
+def _tie_in_config(config) -> None:
+    config['tie_word_embeddings'] = True
+    config['text_config']['tie_word_embeddings'] = True
+
+
+def test_a_stored_head_that_differs_from_the_tied_embedding_is_kept_as_transformers_does(
+    tmp_path, caplog
+):
+    from safetensors.torch import load_file
+
+    folder = build_tiny_checkpoint(tmp_path)
+    _edit_config(folder, _tie_in_config)
+    stored = load_file(folder / 'model.safetensors')['lm_head.weight']
+    with caplog.at_level('WARNING'):
+        model = load_checkpoint(folder)
+    assert model.decoder.lm_head is not None
+    assert torch.equal(model.decoder.lm_head.weight, stored)
+    assert not model.spec.decoder.tie_word_embeddings
+    assert 'lm_head.weight' in caplog.text
+
+
+def test_a_stored_head_equal_to_the_embedding_stays_tied(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    folder = build_tiny_checkpoint(tmp_path)
+    _edit_config(folder, _tie_in_config)
+    tensors = load_file(folder / 'model.safetensors')
+    tensors['lm_head.weight'] = tensors['model.language_model.embed_tokens.weight'].clone()
+    save_file(tensors, folder / 'model.safetensors')
+    model = load_checkpoint(folder)
+    assert model.decoder.lm_head is None and model.spec.decoder.tie_word_embeddings

@@ -317,4 +317,8 @@ def test_bad_batches_fail_naming_the_request(tiny_model, prompt_builder):
         runner.forward_logits(_bad(good, input_ids=bad_ids))
     with pytest.raises(IndexError, match='request robot7: req_pool_index 8 outside'):
         runner.forward_logits(_bad(good, req_pool_indices=torch.tensor([8])))
+    short = dataclasses.replace(span, num_tokens=span.num_tokens - 1)
+    with pytest.raises(ValueError, match=r'request robot7: the span of image 1 at tokens .* '
+                       r'holds 15 tokens, but the model makes 16 image features'):  # fmt: skip
+        runner.forward_logits(_bad(good, images=((short,),)))
     assert runner.forward_logits(good).shape == (len(ids), 520)  # the good batch still runs

@@ -307,7 +307,10 @@ class ModelRunner:
             num_kv_slots=self.num_kv_slots,
             vocab_size=self.vocab_size,
         )
-        images = image_rows(batch, image_token_id=self.model.spec.image_token_id)
+        spec = self.model.spec
+        images = image_rows(
+            batch, image_token_id=spec.image_token_id, num_image_tokens=spec.num_image_tokens
+        )
         pool_rows = batch.req_pool_indices
         snapshot = self.req_to_token.index_select(0, pool_rows).to(torch.int32)
         pool_rows_dev = to_device(pool_rows, self.device)

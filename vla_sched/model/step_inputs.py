@@ -91,12 +91,21 @@ def check_batch(
         )
 
 
-def image_rows(batch: ForwardBatch, *, image_token_id: int | None) -> list[ImageRows]:
+def image_rows(
+    batch: ForwardBatch, *, image_token_id: int | None, num_image_tokens: int = 0
+) -> list[ImageRows]:
     """Which image feature rows each request's chunk needs, with placeholder checks.
 
+    Args:
+        batch: The step.
+        image_token_id: The placeholder token (None: the model has no vision tower).
+        num_image_tokens: Feature rows the vision encoder makes per image; every image span
+            must have exactly that many tokens.
+
     Raises:
-        ValueError: for an image span outside the request's prompt, or a chunk position
-            inside an image span whose token is not the image placeholder token.
+        ValueError: for an image span outside the request's prompt or of another length
+            than the image's features, or a chunk position inside an image span whose
+            token is not the image placeholder token.
     """
     found = []
     token_start = 0
@@ -105,6 +114,12 @@ def image_rows(batch: ForwardBatch, *, image_token_id: int | None) -> list[Image
         for image in batch.images[i]:
             if image.num_tokens < 1 or image.token_offset < 0:
                 raise ValueError(f'request {rid}: empty or negative image span of {image}')
+            if image_token_id is not None and image.num_tokens != num_image_tokens:
+                raise ValueError(
+                    f'request {rid}: the span of image {image.content_hash} at tokens '
+                    f'{image.token_offset}..{image.token_end - 1} holds {image.num_tokens} '
+                    f'tokens, but the model makes {num_image_tokens} image features per image'
+                )
             low, high = max(image.token_offset, prefix_len), min(image.token_end, seq_len)
             if low >= high:
                 continue

@@ -9,6 +9,8 @@ LLaVA tower and projector (``VisionSpec``) or OpenVLA's timm towers and projecto
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 from collections.abc import Callable, Mapping
 
 import torch
@@ -26,6 +28,9 @@ from vla_sched.model.weights import (
 )
 
 TensorSource = Callable[[str], torch.Tensor]
+EMBEDDING = 'embed_tokens.weight'
+
+logger = logging.getLogger(__name__)
 
 
 class VLAModel(nn.Module):
@@ -122,6 +127,7 @@ def assemble_model(
             f'checkpoint has tensors outside the LLaVA and OpenVLA layouts, e.g. '
             f'{sorted(parts["unknown"])[:3]}'
         )
+    spec = _with_stored_head(spec, parts['decoder'], read)
     decoder_found = {
         name: canonical
         for name, canonical in parts['decoder'].items()
@@ -141,6 +147,31 @@ def assemble_model(
     model = VLAModel(spec, decoder, vision).eval()
     model.requires_grad_(False)
     return model
+
+
+def _with_stored_head(
+    spec: CheckpointSpec, decoder_names: Mapping[str, str], read: TensorSource
+) -> CheckpointSpec:
+    """The spec to load with, for a config that ties the LM head to the embedding while
+    the checkpoint also stores ``lm_head.weight``.
+
+    A stored head equal to the embedding stays tied. A different one is kept as the head,
+    as transformers does (a warning says so): a tied head would silently change every
+    logit.
+    """
+    if not spec.decoder.tie_word_embeddings or LM_HEAD not in decoder_names:
+        return spec
+    if EMBEDDING in decoder_names:
+        head, embedding = read(decoder_names[LM_HEAD]), read(decoder_names[EMBEDDING])
+        if head.shape == embedding.shape and torch.equal(head, embedding):
+            return spec
+    logger.warning(
+        'config.json ties the LM head to the embedding, but the checkpoint stores a '
+        'different %s: it is used as the head, as transformers does',
+        decoder_names[LM_HEAD],
+    )
+    untied = dataclasses.replace(spec.decoder, tie_word_embeddings=False)
+    return dataclasses.replace(spec, decoder=untied)
 
 
 def _assemble_vision(spec, parts, shape_of, read, device, dtype) -> nn.Module:
