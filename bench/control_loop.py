@@ -21,8 +21,20 @@ seconds are measured from the robots' side:
 The table reports, per N and system, the median window (and the min-max of actions/s), and
 the ratios vla_sched / baseline.
 
+``--capacity`` finds each system's capacity instead (``bench/capacity.py``): the largest
+robot count served at >= 99% of the target action rate, with >= 99% of steps on time and a
+p99 latency <= 250 ms. For each system it steps the count up the ladder 1, 2, 4, 6, 8, 10,
+... (up to ``--max-robots``) until two counts in a row fail, then measures the counts it
+skipped between the largest pass and the next failure; every count gets a server of its
+own, configured for exactly that many robots, so each point is a deployment of N robots.
+One 12 s window after 3 s of warm-up per count (120 steps per robot at 10 Hz: one step cut
+by the window's edges costs a robot less than 1%). It prints and writes (``--json``,
+``--markdown``) each system's capacity, its 1-robot p50/p99 and every measured count, with
+the load average of the machine.
+
     python bench/control_loop.py                          # N = 1 2 4 8 16, ~6 min on 2 cores
     python bench/control_loop.py --robots 8 --duration 20 --json out.json
+    python bench/control_loop.py --capacity --json capacity.json --markdown capacity.md
 """
 
 from __future__ import annotations
@@ -32,6 +44,7 @@ import dataclasses
 import json
 import math
 import os
+import platform
 import subprocess
 import sys
 import tempfile
@@ -45,6 +58,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import yaml
 
 from bench.baseline_node import READY_LINE
+from bench.capacity import (
+    CapacityCriteria,
+    CapacitySearch,
+    CapacityStep,
+    headline_table,
+    robot_ladder,
+    search_capacity,
+    steps_table,
+)
 from bench.control_loop_report import (
     SYSTEMS,
     TRIGGERS,
@@ -255,17 +277,177 @@ def run(plan: LoopPlan, *, json_path: str = '') -> list[LoopPoint]:
     return points
 
 
-def parse_plan(argv: list[str] | None = None) -> tuple[LoopPlan, str]:
+# --- capacity ------------------------------------------------------------------------------
+
+CAPACITY_MAX_ROBOTS = 32
+CAPACITY_WARMUP_S = 3.0
+CAPACITY_DURATION_S = 12.0  # one window: 120 steps per robot at 10 Hz
+CAPACITY_WINDOWS = 1
+
+
+def measure_count(
+    system: str, num_robots: int, plan: LoopPlan, folder: Path, env: dict[str, str]
+) -> LoopPoint:
+    """One system serving ``num_robots`` robots from a server configured for exactly them."""
+    sub = folder / f'{system}_{num_robots}'
+    sub.mkdir(exist_ok=True)
+    (point,) = run_system(system, dataclasses.replace(plan, robot_counts=(num_robots,)), sub, env)
+    return point
+
+
+def machine_line() -> str:
+    """The machine in words, e.g. ``2-core x86_64, Python 3.11``."""
+    return f'{os.cpu_count()}-core {platform.machine()}, Python {platform.python_version()}'
+
+
+def run_capacity(
+    plan: LoopPlan,
+    criteria: CapacityCriteria,
+    *,
+    max_failures_in_row: int = 2,
+    refine: bool = True,
+    json_path: str = '',
+    markdown_path: str = '',
+) -> list[CapacitySearch]:
+    """Each system's capacity: ``plan.robot_counts`` stepped up until ``max_failures_in_row``
+    counts in a row fail, then (``refine``) the skipped counts above the largest pass up to
+    the first failure (``bench/capacity.py``)."""
+    folder = Path(tempfile.mkdtemp(prefix='vla_capacity_'))
+    env = ros_env(folder)
+    load_start = os.getloadavg()
+    print(
+        f'capacity: robots {list(plan.robot_counts)} at {1 / plan.period_s:.0f} Hz, '
+        f'{criteria.describe()}; stop after {max_failures_in_row} failures in a row; '
+        f'warm-up {plan.warmup_s} s, {plan.num_windows} x {plan.duration_s} s windows; '
+        f'{machine_line()}, load average {_load(load_start)}; logs in {folder}',
+        flush=True,
+    )
+    points: list[LoopPoint] = []
+    loads: list[dict[str, Any]] = []
+    searches = []
+    for system in plan.systems:
+
+        def measure(num_robots: int, system: str = system):
+            points.append(measure_count(system, num_robots, plan, folder, env))
+            loads.append(
+                {'system': system, 'num_robots': num_robots, 'load_average': os.getloadavg()}
+            )
+            return points[-1].capacity_measure()
+
+        searches.append(
+            search_capacity(
+                system,
+                plan.robot_counts,
+                measure,
+                criteria,
+                max_failures_in_row=max_failures_in_row,
+                refine=refine,
+                on_step=_print_step,
+            )
+        )
+    load_end = os.getloadavg()
+    report = capacity_markdown(plan, criteria, searches, load_start, load_end)
+    print()
+    print(report)
+    if json_path:
+        record = {
+            'mode': 'capacity',
+            'machine': machine_line(),
+            'plan': dataclasses.asdict(plan),
+            'criteria': dataclasses.asdict(criteria),
+            'max_failures_in_row': max_failures_in_row,
+            'refine': refine,
+            'load_average_start': load_start,
+            'load_average_end': load_end,
+            'load_average_per_count': loads,
+            'searches': [s.row() for s in searches],
+            'points': [p.row() for p in points],
+        }
+        Path(json_path).write_text(json.dumps(record, indent=1) + '\n')
+    if markdown_path:
+        Path(markdown_path).write_text(report + '\n')
+    return searches
+
+
+def capacity_markdown(
+    plan: LoopPlan,
+    criteria: CapacityCriteria,
+    searches: list[CapacitySearch],
+    load_start: tuple[float, float, float],
+    load_end: tuple[float, float, float],
+) -> str:
+    """The headline (capacity and 1-robot latency per system), then every measured count."""
+    return '\n'.join(
+        [
+            f'Capacity through ROS: robots at {1 / plan.period_s:.0f} Hz served with '
+            f'{criteria.describe()} ({plan.num_windows} x {plan.duration_s:g} s window after '
+            f'{plan.warmup_s:g} s of warm-up per count, a server per count); '
+            f'{machine_line()}, load average (1, 5, 15 min) {_load(load_start)} at the start, '
+            f'{_load(load_end)} at the end.',
+            '',
+            headline_table(searches),
+            '',
+            steps_table(searches),
+        ]
+    )
+
+
+def _print_step(step: CapacityStep) -> None:
+    verdict = 'pass' if step.passed else 'fail (' + '; '.join(step.failures) + ')'
+    print(f'  -> {step.measure.num_robots} robots: {verdict}', flush=True)
+
+
+def _load(load: tuple[float, float, float]) -> str:
+    return ' / '.join(f'{x:.2f}' for x in load)
+
+
+# --- command line ---------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     base = LoopPlan()
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
-    parser.add_argument('--robots', type=int, nargs='+', default=list(base.robot_counts))
+    parser.add_argument(
+        '--robots',
+        type=int,
+        nargs='+',
+        default=None,
+        help=f'robot counts (default: {list(base.robot_counts)}; with --capacity the ladder '
+        f'up to --max-robots)',
+    )
     parser.add_argument('--period', type=float, default=base.period_s, help='control period s')
     parser.add_argument('--camera-rate', type=float, default=0.0, help='0: one per period')
     parser.add_argument('--trigger', choices=TRIGGERS, default=base.trigger)
     parser.add_argument('--budget', type=float, default=base.budget_s, help='deadline budget s')
-    parser.add_argument('--warmup', type=float, default=base.warmup_s)
-    parser.add_argument('--duration', type=float, default=base.duration_s, help='window s')
-    parser.add_argument('--windows', type=int, default=base.num_windows)
+    parser.add_argument(
+        '--warmup',
+        type=float,
+        default=None,
+        help=f'default {base.warmup_s} (capacity: {CAPACITY_WARMUP_S})',
+    )
+    parser.add_argument(
+        '--duration',
+        type=float,
+        default=None,
+        help=f'window s, default {base.duration_s} (capacity: {CAPACITY_DURATION_S})',
+    )
+    parser.add_argument(
+        '--windows',
+        type=int,
+        default=None,
+        help=f'default {base.num_windows} (capacity: {CAPACITY_WINDOWS})',
+    )
+    parser.add_argument('--capacity', action='store_true', help="find each system's capacity")
+    parser.add_argument('--max-robots', type=int, default=CAPACITY_MAX_ROBOTS)
+    parser.add_argument(
+        '--max-failures-in-row', type=int, default=2, help='capacity: stop after this many'
+    )
+    parser.add_argument(
+        '--no-refine',
+        action='store_true',
+        help='capacity: skip the counts between the largest pass and the next failure',
+    )
+    parser.add_argument('--markdown', default='', help='capacity: write the tables here')
     parser.add_argument('--model-path', default='', help='checkpoint (default: the tiny one)')
     parser.add_argument(
         '--unnorm-key', default='', help='dataset of the action statistics (both systems)'
@@ -280,25 +462,42 @@ def parse_plan(argv: list[str] | None = None) -> tuple[LoopPlan, str]:
         help='vla_sched node parameters, e.g. scheduler.enable_overlap=false',
     )
     parser.add_argument('--json', default='', help='write the results here')
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def plan_from_args(args: argparse.Namespace) -> LoopPlan:
+    """The plan of these arguments; unset counts, warm-up and windows take the mode's
+    defaults (the sweep's, or the capacity search's)."""
+    base = LoopPlan()
     node_params = dict(_setting(s) for s in args.node_param)
     if args.unnorm_key:
         node_params.setdefault('engine.unnorm_key', args.unnorm_key)
-    plan = LoopPlan(
-        robot_counts=tuple(args.robots),
+    if args.capacity:
+        counts = args.robots or robot_ladder(args.max_robots)
+        defaults = (CAPACITY_WARMUP_S, CAPACITY_DURATION_S, CAPACITY_WINDOWS)
+    else:
+        counts = args.robots or base.robot_counts
+        defaults = (base.warmup_s, base.duration_s, base.num_windows)
+    warmup, duration, windows = (
+        default if value is None else value
+        for value, default in zip(
+            (args.warmup, args.duration, args.windows), defaults, strict=True
+        )
+    )
+    return LoopPlan(
+        robot_counts=tuple(counts),
         period_s=args.period,
         camera_rate_hz=args.camera_rate,
         trigger=args.trigger,
         budget_s=args.budget,
-        warmup_s=args.warmup,
-        duration_s=args.duration,
-        num_windows=args.windows,
+        warmup_s=warmup,
+        duration_s=duration,
+        num_windows=windows,
         model_path=args.model_path,
         device=args.device,
         node_params=node_params,
         systems=tuple(args.systems),
     )
-    return plan, args.json
 
 
 def _setting(text: str) -> tuple[str, Any]:
@@ -309,8 +508,19 @@ def _setting(text: str) -> tuple[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    plan, json_path = parse_plan(argv)
-    points = run(plan, json_path=json_path)
+    args = parse_args(argv)
+    plan = plan_from_args(args)
+    if args.capacity:
+        searches = run_capacity(
+            plan,
+            CapacityCriteria(),
+            max_failures_in_row=args.max_failures_in_row,
+            refine=not args.no_refine,
+            json_path=args.json,
+            markdown_path=args.markdown,
+        )
+        return 0 if all(s.steps for s in searches) else 1
+    points = run(plan, json_path=args.json)
     return 0 if all(p.num_chunks > 0 for p in points) else 1
 
 

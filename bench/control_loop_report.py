@@ -1,7 +1,8 @@
 """The control loop's plan, its per-point summary, and its tables (``bench/control_loop.py``).
 
 A ``LoopPoint`` is one system at one robot count, summarized over the measured windows;
-``markdown_tables`` prints both systems per robot count and the ratios vla_sched / baseline.
+``markdown_tables`` prints both systems per robot count and the ratios vla_sched / baseline;
+``LoopPoint.capacity_measure`` is what the capacity criteria (``bench/capacity.py``) judge.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Any
 
+from bench.capacity import CapacityMeasure
 from bench.robot_fleet import STAGES, FleetWindow
 from vla_sched.ros.node_config import TRIGGERS
 
@@ -70,9 +72,22 @@ class LoopPoint:
     rejected_by_reason: dict[str, int]
     cpu_percent: dict[str, float]  # of one core, median over windows: node, engine, robots
     stage_ms_p50: dict[str, float]  # the server's queue/prefill/decode/total, medians
+    actions_per_s_overall: float  # every window's chunks over their summed duration
+    on_time_rate: float  # chunks not late over the steps that ended (chunks + refusals)
 
     def row(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    def capacity_measure(self) -> CapacityMeasure:
+        """The action rate over every window against the target, the on-time share and the
+        latency percentiles over every chunk."""
+        return CapacityMeasure(
+            num_robots=self.num_robots,
+            rate_share=self.actions_per_s_overall / self.target_actions_per_s,
+            on_time_share=self.on_time_rate,
+            latency_ms_p50=self.latency_ms_p50,
+            latency_ms_p99=self.latency_ms_p99,
+        )
 
 
 def summarize(
@@ -87,8 +102,11 @@ def summarize(
     horizon = _horizon(windows)
     actions = [w.num_chunks * horizon / w.duration_s for w in windows]
     latencies = [x for w in windows for x in w.latencies_ms]
+    num_chunks = sum(w.num_chunks for w in windows)
     ended = sum(w.num_chunks + w.num_rejected for w in windows)
     misses = sum(w.num_misses for w in windows)
+    on_time = num_chunks - sum(w.num_late_chunks for w in windows)
+    total_s = sum(w.duration_s for w in windows)
     by_reason: dict[str, int] = {}
     for w in windows:
         for robot in w.robots:
@@ -105,11 +123,13 @@ def summarize(
         latency_ms_p99=merged.latency_ms(99),
         miss_rate=misses / ended if ended else math.nan,
         num_retracts=sum(retracts),
-        num_chunks=sum(w.num_chunks for w in windows),
+        num_chunks=num_chunks,
         num_rejected=sum(w.num_rejected for w in windows),
         rejected_by_reason=by_reason,
         cpu_percent={k: statistics.median(c[k] for c in cpu) for k in cpu[0]} if cpu else {},
         stage_ms_p50={stage: _median_stage(windows, stage) for stage in STAGES},
+        actions_per_s_overall=num_chunks * horizon / total_s if total_s > 0 else math.nan,
+        on_time_rate=on_time / ended if ended else math.nan,
     )
 
 

@@ -43,7 +43,7 @@ from vla_sched.engine.scheduling.scheduler_config import (
     PrefillDelayerConfig,
     SchedulerConfig,
 )
-from vla_sched.engine.sim_runner import CostModel, SimClock, SimRunner, StepRecord
+from vla_sched.engine.sim_runner import CostModel, SimClock, SimRunner, StepCost, StepRecord
 
 MS = 1_000_000
 IMAGE_TOKEN_ID = 32000
@@ -144,22 +144,29 @@ def _step(scenario: Scenario, robot: int, seq: int, now: int, rng: random.Random
     )
 
 
-def _build(scenario: Scenario, variant: Variant) -> Scheduler:
-    memory = KVMemory(
-        KVMemoryConfig(
-            num_pages=scenario.pool_tokens // scenario.page_size,
-            page_size=scenario.page_size,
-            num_req_slots=scenario.max_running,
-            max_context_len=1024,
-            session_idle_timeout_s=0.0,
-        )
-    )
+def build_sim_scheduler(
+    config: SchedulerConfig, memory_config: KVMemoryConfig, cost: StepCost
+) -> Scheduler:
+    """The real scheduler over its KV memory, driving the simulated runner whose steps take
+    ``cost``'s durations on a fresh ``SimClock`` (the scheduler's ``clock``)."""
+    memory = KVMemory(memory_config)
     clock = SimClock()
     runner = SimRunner(
         req_to_token=memory.req_to_token_pool.req_to_token,
         num_kv_slots=memory.allocator.num_slots,
-        cost_model=scenario.cost,
+        cost_model=cost,
         clock=clock,
+    )
+    return Scheduler(config, memory, runner, clock=clock)
+
+
+def _build(scenario: Scenario, variant: Variant) -> Scheduler:
+    memory = KVMemoryConfig(
+        num_pages=scenario.pool_tokens // scenario.page_size,
+        page_size=scenario.page_size,
+        num_req_slots=scenario.max_running,
+        max_context_len=1024,
+        session_idle_timeout_s=0.0,
     )
     config = SchedulerConfig(
         schedule_policy=variant.policy,
@@ -169,7 +176,7 @@ def _build(scenario: Scenario, variant: Variant) -> Scheduler:
         late_policy=scenario.late_policy,
         prefill_delayer=dataclasses.replace(scenario.delayer, enabled=variant.delayer),
     )
-    return Scheduler(config, memory, runner, clock=clock)
+    return build_sim_scheduler(config, memory, scenario.cost)
 
 
 def _arrivals(scenario: Scenario, rng: random.Random) -> list[tuple[int, int]]:

@@ -8,16 +8,18 @@ are a pure function of its token sequence, *if and only if* the scheduler hands 
 runner the right KV slots: a stale, shared-by-mistake or overwritten slot changes the
 tokens. ``reference_tokens`` computes the same outputs without any KV, for comparison.
 
-A ``CostModel`` gives each step a duration; with a ``SimClock`` the runner behaves like a
-GPU queue: a step starts when the previous one ends (or at launch), ``launch`` returns at
-once and ``result()`` advances the clock to the step's end, which is what the overlap
-loop hides.
+A cost model gives each step a duration: ``CostModel`` (fixed and per-token costs) or
+``HardwareCostModel`` (a model's FLOPs and bytes over a device's rates). With a
+``SimClock`` the runner behaves like a GPU queue: a step starts when the previous one ends
+(or at launch), ``launch`` returns at once and ``result()`` advances the clock to the
+step's end, which is what the overlap loop hides.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
@@ -92,6 +94,118 @@ class CostModel:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class HardwareCostModel:
+    """Duration of a simulated step from a model's FLOPs and bytes and a device's rates.
+
+    A prefill (extend) pass costs ``prefill_fixed_ns`` plus the larger of its compute time
+    and its memory time. Compute: ``decoder_flops_per_token`` for every new token and
+    ``vision_flops_per_image`` for every image whose first token is in the pass (the vision
+    towers run once per frame), at ``matmul_flops_per_s * compute_utilization``. Memory: the
+    decoder's weights, the vision weights when the pass has an image, at
+    ``memory_bytes_per_s * weight_bandwidth_utilization``, plus the KV it reads (cached
+    prefix) and writes (new tokens) at ``memory_bytes_per_s * kv_bandwidth_utilization``.
+
+    A decode pass costs ``decode_fixed_ns`` plus the larger of its memory time (the decoder's
+    weights once, whatever the batch, plus every request's KV, ``seq_lens`` tokens each) and
+    its compute time (one token per request).
+
+    Attention score FLOPs are left out (about 1% of a 280-token prefill of a 7B decoder).
+    The fixed costs stand for what a real runner adds per pass (launches, host work); the
+    utilizations for its kernels' distance from the measured rates.
+    """
+
+    decoder_flops_per_token: float  # 2 x the decoder's parameters (embedding table left out)
+    vision_flops_per_image: float  # 2 x the towers' and projector's parameters x patches
+    decoder_weight_bytes: float  # read once per pass
+    vision_weight_bytes: float  # read once per prefill pass that has an image
+    kv_bytes_per_token: float  # K and V of every layer
+    matmul_flops_per_s: float  # the device's measured matmul rate
+    memory_bytes_per_s: float  # the device's measured memory rate
+    compute_utilization: float = 1.0
+    weight_bandwidth_utilization: float = 1.0
+    kv_bandwidth_utilization: float = 1.0
+    prefill_fixed_ns: float = 0.0
+    decode_fixed_ns: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in (
+            'matmul_flops_per_s',
+            'memory_bytes_per_s',
+            'compute_utilization',
+            'weight_bandwidth_utilization',
+            'kv_bandwidth_utilization',
+        ):
+            if not getattr(self, name) > 0:
+                raise ValueError(f'{name} must be > 0, got {getattr(self, name)}')
+        for name in (
+            'decoder_flops_per_token',
+            'vision_flops_per_image',
+            'decoder_weight_bytes',
+            'vision_weight_bytes',
+            'kv_bytes_per_token',
+            'prefill_fixed_ns',
+            'decode_fixed_ns',
+        ):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f'{name} must be >= 0, got {getattr(self, name)}')
+
+    def compute_ns(self, flops: float) -> float:
+        return flops / (self.matmul_flops_per_s * self.compute_utilization) * 1e9
+
+    def weight_read_ns(self, num_bytes: float) -> float:
+        return num_bytes / (self.memory_bytes_per_s * self.weight_bandwidth_utilization) * 1e9
+
+    def kv_ns(self, num_tokens: float) -> float:
+        num_bytes = num_tokens * self.kv_bytes_per_token
+        return num_bytes / (self.memory_bytes_per_s * self.kv_bandwidth_utilization) * 1e9
+
+    def prefill_ns(
+        self, num_new_tokens: int, num_images: int, num_prefix_tokens: int = 0
+    ) -> float:
+        """One prefill pass of ``num_new_tokens`` tokens holding ``num_images`` new images,
+        over ``num_prefix_tokens`` cached tokens (summed over its requests)."""
+        flops = (
+            num_new_tokens * self.decoder_flops_per_token
+            + num_images * self.vision_flops_per_image
+        )
+        weights = self.decoder_weight_bytes + (self.vision_weight_bytes if num_images else 0.0)
+        memory = self.weight_read_ns(weights) + self.kv_ns(num_prefix_tokens + num_new_tokens)
+        return self.prefill_fixed_ns + max(self.compute_ns(flops), memory)
+
+    def decode_ns(self, batch_size: int, num_kv_tokens: int) -> float:
+        """One decode pass of ``batch_size`` requests reading ``num_kv_tokens`` KV tokens."""
+        memory = self.weight_read_ns(self.decoder_weight_bytes) + self.kv_ns(num_kv_tokens)
+        compute = self.compute_ns(batch_size * self.decoder_flops_per_token)
+        return self.decode_fixed_ns + max(memory, compute)
+
+    def step_ns(self, batch: ForwardBatch) -> int:
+        if batch.forward_mode is ForwardMode.EXTEND:
+            return round(
+                self.prefill_ns(
+                    batch.num_tokens,
+                    _num_new_images(batch),
+                    num_prefix_tokens=int(batch.prefix_lens.sum()),
+                )
+            )
+        return round(self.decode_ns(batch.batch_size, int(batch.seq_lens.sum())))
+
+
+def _num_new_images(batch: ForwardBatch) -> int:
+    """Images whose first token is prefilled by this batch."""
+    count = 0
+    for i in range(batch.batch_size):
+        p, s = int(batch.prefix_lens[i]), int(batch.seq_lens[i])
+        count += sum(1 for image in batch.images[i] if p <= image.token_offset < s)
+    return count
+
+
+class StepCost(Protocol):
+    """What the runner asks of a cost model."""
+
+    def step_ns(self, batch: ForwardBatch) -> int: ...
+
+
 class SimClock:
     """A settable integer-nanosecond clock; call it to read the time."""
 
@@ -139,7 +253,8 @@ class SimRunner:
     Args:
         req_to_token: the memory's slot table ``[num_req_slots, max_context_len]``.
         num_kv_slots: KV slots (``KVMemory.allocator.num_slots``).
-        cost_model: step durations; None: every step takes no time.
+        cost_model: step durations (``CostModel``, ``HardwareCostModel``); None: every
+            step takes no time.
         clock: the simulated clock to queue steps on; None: results are ready at once.
         keep_batches: keep every launched batch in ``batches`` (tests).
     """
@@ -149,7 +264,7 @@ class SimRunner:
         *,
         req_to_token: torch.Tensor,
         num_kv_slots: int,
-        cost_model: CostModel | None = None,
+        cost_model: StepCost | None = None,
         clock: SimClock | None = None,
         keep_batches: bool = False,
     ) -> None:

@@ -1,0 +1,167 @@
+"""The H200 capacity projection (bench/capacity_projection.py) in tiny runs: its cost model's
+calibrations, its bounds, the robots' rules on the simulated servers, the report."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _bench(name: str):
+    """Import ``bench.<name>`` with the repository root on the path (as the scripts do)."""
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    return importlib.import_module(f'bench.{name}')
+
+
+@pytest.fixture(scope='module')
+def shape():
+    return _bench('openvla_h200_cost').openvla_7b_shape()
+
+
+@pytest.fixture(autouse=True, scope='module')
+def single_torch_thread():
+    """Tiny index tensors: a thread pool only adds overhead on a busy machine."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_the_hardware_bound_calibration_gives_the_floor_of_one_robot(shape):
+    cost_module = _bench('openvla_h200_cost')
+    hw = cost_module.H200Measurements()
+    cost = cost_module.hardware_bound_cost(shape, hw)
+    assert shape.prompt_len == 280 and shape.num_action_tokens == 7
+    assert 4.0e12 < shape.step_flops < 4.4e12
+    assert cost.prefill_ns(280, 1) / 1e6 == pytest.approx(hw.floor_prefill_ms, rel=0.01)
+    decode_ms = cost.decode_ns(1, 281) / 1e6  # the floor leaves the KV reads out
+    assert hw.floor_decode_ms < decode_ms < 1.02 * hw.floor_decode_ms
+
+
+def test_the_measured_calibrations_reproduce_the_runners_times_on_the_h200(shape):
+    cost_module = _bench('openvla_h200_cost')
+    for hw in (cost_module.H200_RUN_A, cost_module.H200_RUN_B):
+        cost = cost_module.measured_cost(shape, hw)
+        for robots, ms in hw.runner_prefill_ms:
+            assert cost.prefill_ns(robots * 280, robots) / 1e6 == pytest.approx(ms, rel=1e-6)
+        for robots, ms in hw.runner_decode_ms:
+            assert cost.decode_ns(robots, robots * 283) / 1e6 == pytest.approx(ms, rel=1e-6)
+        assert 0 < cost.compute_utilization <= 1 and 0 < cost.kv_bandwidth_utilization <= 1
+    hw = cost_module.H200_RUN_A
+    too_fast = dataclasses.replace(hw, runner_prefill_ms=((1, 1.0), (16, 2.0)))
+    with pytest.raises(ValueError, match='the fit gives'):
+        cost_module.measured_cost(shape, too_fast)
+
+
+def test_the_pass_bound_lies_below_the_flop_ceiling_and_fills_the_period(shape):
+    cost_module = _bench('openvla_h200_cost')
+    for name in cost_module.CALIBRATIONS:
+        cost = cost_module.calibrated_cost(name, shape)
+        bounds = cost_module.physical_bounds(cost, shape, 0.1)
+        assert 0 < bounds.pass_bound < bounds.flop_ceiling < bounds.bandwidth_ceiling
+        assert cost_module.period_pass_ns(cost, shape, bounds.pass_bound) == pytest.approx(
+            1e8, rel=1e-6
+        )
+        assert bounds.one_at_a_time_bound < bounds.pass_bound
+
+
+def test_robots_wait_for_their_step_in_flight_and_are_judged_on_the_windows_images(shape):
+    servers = _bench('sim_robot_servers')
+    cost_module = _bench('openvla_h200_cost')
+    cost = cost_module.hardware_bound_cost(shape, cost_module.H200Measurements())
+    step_ms = cost_module.one_at_a_time_step_ns(cost, shape) / 1e6
+    timing = servers.FleetTiming(warmup_s=0.2, duration_s=1.0)
+    one = servers.serve_robots(servers.OneAtATimeServer(cost, shape), 1, timing)
+    assert one.rate_share == 1.0 and one.on_time_share == 1.0
+    assert one.latency_ms_p50 == pytest.approx(step_ms, abs=1e-3)
+    many = servers.serve_robots(servers.OneAtATimeServer(cost, shape), 8, timing)
+    assert many.rate_share < 0.7  # 8 steps of 25 ms do not fit a 100 ms period
+    assert many.on_time_share == 1.0  # the robots' images wait instead: latency stays bounded
+    assert many.latency_ms_p99 > 100
+
+
+def test_the_projection_uses_the_scheduler_settings_the_engine_derives():
+    from vla_sched.serving.engine_config import EngineConfig
+    from vla_sched.serving.scheduled_core import ScheduledCore
+
+    servers = _bench('sim_robot_servers')
+    config = EngineConfig(
+        kv_pool_tokens=1024,
+        chunked_prefill_size=100,
+        enable_overlap=False,
+        prefill_decode_interval=0,
+        enable_prefill_delayer=False,
+    )
+    core = ScheduledCore.from_config(config)  # on the CPU
+    assert servers.engine_scheduler_config(config, 'cpu') == core.scheduler.config
+    for device in ('cpu', 'cuda'):
+        ours = servers.engine_scheduler_config(config, device)
+        assert ours == core._scheduler_config(device)
+    assert servers.engine_scheduler_config(EngineConfig(), 'cpu') != core.scheduler.config
+
+
+def _tiny_plan(projection, max_robots: int = 4, *, duration_s: float = 0.6):
+    return projection.ProjectionPlan(
+        timing=_bench('sim_robot_servers').FleetTiming(warmup_s=0.5, duration_s=duration_s),
+        max_robots=max_robots,
+        chunk_sizes=(8192,),
+    )
+
+
+def _check_within_bounds(p) -> None:
+    """Capacities within their bounds, up to the criteria's slack (99% of the rate passes)."""
+    slack = _bench('capacity').CapacityCriteria().min_rate_share
+    assert [s.system for s in p.searches] == ['vla_sched, chunk 8192', 'one-at-a-time']
+    assert p.bounds.pass_bound <= p.bounds.flop_ceiling
+    for search in p.searches:
+        assert search.steps and search.one_robot is not None
+        assert search.capacity <= p.bounds.pass_bound / slack
+    assert p.one_at_a_time.capacity <= p.bounds.one_at_a_time_bound / slack
+
+
+@pytest.mark.slow
+def test_the_projection_on_a_slow_device_stops_at_its_bound(shape):
+    projection = _bench('capacity_projection')
+    # 120 TFLOP/s: the bounds fall to a few robots, so the search meets them; the window
+    # is long enough for a backlog of a few percent to cost images
+    hw = dataclasses.replace(_bench('openvla_h200_cost').H200Measurements(), matmul_tflops=120.0)
+    criteria = _bench('capacity').CapacityCriteria()
+    p = projection.project(
+        'hardware bound', _tiny_plan(projection, duration_s=3.0), shape=shape,
+        criteria=criteria, hw=hw, progress=lambda line: None,
+    )  # fmt: skip
+    assert p.bounds.pass_bound < 4
+    _check_within_bounds(p)
+    for search in p.searches:  # stopped by failures, not by the end of the counts
+        assert not search.steps[-1].passed
+
+
+@pytest.mark.slow
+def test_a_tiny_projection_writes_each_servers_capacity_and_the_bounds(tmp_path):
+    projection = _bench('capacity_projection')
+    out, md = tmp_path / 'projection.json', tmp_path / 'projection.md'
+    results = projection.run(
+        _tiny_plan(projection, max_robots=3), ('as measured',), json_path=str(out),
+        markdown_path=str(md),
+    )  # fmt: skip
+    assert [p.calibration for p in results] == ['as measured']
+    _check_within_bounds(results[0])
+    record = json.loads(out.read_text())
+    assert record['projection'] == 'no GPU served these robots'
+    (row,) = record['projections']
+    assert {s['system'] for s in row['searches']} == {'vla_sched, chunk 8192', 'one-at-a-time'}
+    assert all(isinstance(s['capacity'], int) for s in row['searches'])
+    assert row['bounds']['pass_bound'] > 0 and row['cost_model']['prefill_fixed_ns'] > 0
+    report = md.read_text()
+    assert report.startswith('**Projection** (no GPU served these robots)')
+    assert '| as measured | one-at-a-time |' in report and '| as measured | vla_sched' in report
+    assert '| calibration | FLOP ceiling | bandwidth ceiling | pass bound |' in report
