@@ -267,14 +267,16 @@ class ModelRunner:
         check_sampling_params(batch.sampling, batch.rids, self.vocab_size)
         with torch.inference_mode():
             if batch.num_decode_steps > 1:
-                steps = [self._sample_step(step) for step in burst_steps(batch)]
+                # The burst's slots and rows are checked and copied once, for all its steps.
+                self._check_and_copy_rows(batch)
+                steps = [self._sample_step(s, prepared=True) for s in burst_steps(batch)]
                 return self._handle(torch.stack(steps, dim=1), batch.sample)
             return self._handle(self._sample_step(batch), batch.sample)
 
-    def _sample_step(self, batch: ForwardBatch) -> torch.Tensor:
+    def _sample_step(self, batch: ForwardBatch, *, prepared: bool = False) -> torch.Tensor:
         """Run one step and sample; the tokens stay on the device (``[num sampled]``)."""
         rows, positions = logit_rows(batch)
-        logits = self._forward(batch, rows=rows)
+        logits = self._forward(batch, rows=rows, prepared=prepared)
         params = [p for p, s in zip(batch.sampling, batch.sample, strict=True) if s]
         tokens = sample_next_tokens(logits, params, positions)
         sampled = [i for i in range(batch.batch_size) if batch.sample[i]]
@@ -300,21 +302,34 @@ class ModelRunner:
         event.record()
         return LaunchedStep(host, sample, event)
 
-    def _forward(self, batch: ForwardBatch, *, rows: torch.Tensor | None) -> torch.Tensor:
+    def _check_and_copy_rows(self, batch: ForwardBatch) -> torch.Tensor:
+        """Check the batch against the slot table and copy its rows to the device; returns
+        the rows' device indices."""
         check_batch(
             batch,
             req_to_token=self.req_to_token,
             num_kv_slots=self.num_kv_slots,
             vocab_size=self.vocab_size,
         )
-        spec = self.model.spec
-        images = image_rows(
-            batch, image_token_id=spec.image_token_id, num_image_tokens=spec.num_image_tokens
-        )
         pool_rows = batch.req_pool_indices
         snapshot = self.req_to_token.index_select(0, pool_rows).to(torch.int32)
         pool_rows_dev = to_device(pool_rows, self.device)
         self._req_to_token_dev[pool_rows_dev] = to_device(snapshot, self.device)
+        return pool_rows_dev
+
+    def _forward(
+        self, batch: ForwardBatch, *, rows: torch.Tensor | None, prepared: bool = False
+    ) -> torch.Tensor:
+        """Logits of ``rows`` (all new tokens for None); ``prepared``: the batch's rows were
+        checked and copied already (a burst's later steps)."""
+        if prepared:
+            pool_rows_dev = to_device(batch.req_pool_indices, self.device)
+        else:
+            pool_rows_dev = self._check_and_copy_rows(batch)
+        spec = self.model.spec
+        images = image_rows(
+            batch, image_token_id=spec.image_token_id, num_image_tokens=spec.num_image_tokens
+        )
         input_ids = self._resolve_input_ids(batch, pool_rows_dev)
         graphs = self.decode_graphs
         use_graphs = (
