@@ -65,7 +65,7 @@ def test_the_node_process_refuses_to_start_with_an_image_limit_too_large(tmp_pat
 class FailingSendClient:
     """An engine client (the node's ``client_factory`` seam) that is ready at once and whose
     ``send`` raises the next queued error for each step; a step sent without one gets a
-    result at the next poll."""
+    result at the next poll, announced through ``on_arrival`` as the real client does."""
 
     def __init__(self, errors: list[Exception]) -> None:
         self.info = EngineInfo(
@@ -78,6 +78,7 @@ class FailingSendClient:
             random_weights=True,
         )
         self.errors = list(errors)
+        self.on_arrival = lambda: None
         self.sent: list[StepRequest] = []
         self.attempts = 0
         self._results: list[StepResult] = []
@@ -102,6 +103,7 @@ class FailingSendClient:
         self._results.append(
             StepResult(msg.robot_id, msg.step_seq, msg.stamp_ns, actions, 0.0, 0.0, 0.0, False, 0)
         )
+        self.on_arrival()
 
     def poll(self, timeout_s: float = 0.0) -> list:
         results, self._results = self._results, []

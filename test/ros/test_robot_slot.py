@@ -98,6 +98,21 @@ def test_periodic_robot_is_due_once_per_period_and_skips_missed_periods():
     assert slot.is_due(551 * MS)
 
 
+def test_a_robot_waiting_only_for_its_period_says_when_it_is_due():
+    slot = _slot(period_s=0.1)
+    assert slot.due_at_ns() is None  # nothing to send
+    slot.offer_image(_obs(0))
+    step = _send(slot, 0)
+    slot.offer_image(_obs(20 * MS))
+    assert slot.due_at_ns() is None  # waits for its step in flight, not for a time
+    slot.finish(_result(step), 30 * MS)
+    assert slot.due_at_ns() == 100 * MS
+    assert not slot.is_due(100 * MS - 1) and slot.is_due(slot.due_at_ns())
+    on_image = _slot(trigger='on_image')
+    on_image.offer_image(_obs(0))
+    assert on_image.due_at_ns() is None and on_image.is_due(0)
+
+
 def test_on_image_robot_is_due_on_every_new_image_only():
     slot = _slot(trigger='on_image')
     assert not slot.is_due(0)

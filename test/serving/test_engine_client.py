@@ -1,9 +1,11 @@
-"""The engine runs in-process or as a process, answers steps, dies visibly and restarts cleanly."""
+"""The engine runs in-process or as a process, answers steps, dies visibly and restarts cleanly;
+its messages (and its death) wake the caller, who need not poll."""
 
 from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 
 import numpy as np
@@ -22,6 +24,7 @@ from vla_sched.serving.engine_config import EngineConfig, EngineLinkConfig
 
 pytestmark = pytest.mark.slow
 CORE = {'core': 'scheduled', 'stats_period_s': 0.2, 'kv_pool_tokens': 2048}
+WAIT_S = 60.0  # only a hang reaches this
 
 
 def _request(robot_id: str, step_seq: int, **overrides) -> StepRequest:
@@ -94,6 +97,40 @@ def test_a_malformed_step_is_refused_and_the_next_robot_is_still_served(client):
     assert isinstance(got['arm_c'], StepResult)
 
 
+def test_a_result_wakes_the_caller_who_then_takes_it_without_waiting(client):
+    woken = threading.Event()
+    client.on_arrival = woken.set
+    try:
+        client.send(_request('arm_w', 1))
+        got: list = []
+        while not got:
+            assert woken.wait(WAIT_S), 'no wake-up'
+            woken.clear()
+            got = [m for m in client.poll(0.0) if isinstance(m, StepResult)]
+    finally:
+        client.on_arrival = lambda: None
+    assert [(m.robot_id, m.step_seq) for m in got] == [('arm_w', 1)]
+
+
+def _threads(name: str) -> set[threading.Thread]:
+    return {t for t in threading.enumerate() if t.name == name}
+
+
+def test_restarts_leave_one_receiving_thread_and_closing_leaves_none():
+    names = ('vla_sched-engine-inbox', 'vla_sched-engine')
+    others = {name: _threads(name) for name in names}  # other clients' (a fixture's)
+    client = EngineClient(EngineConfig(**CORE), EngineLinkConfig(mode='inprocess'))
+    client.start()
+    try:
+        for _ in range(3):
+            client.restart()
+        _wait_ready(client)
+        assert [len(_threads(name) - others[name]) for name in names] == [1, 1]
+    finally:
+        client.close()
+    assert [_threads(name) - others[name] for name in names] == [set(), set()]
+
+
 def test_stats_arrive_at_the_configured_period(client):
     end = time.monotonic() + 10
     stats = []
@@ -112,8 +149,13 @@ def test_killed_engine_process_is_noticed_and_a_restart_serves_again():
     try:
         _wait_ready(client)
         client.send(_request('arm_k', 1))
+        woken = threading.Event()
+        client.on_arrival = woken.set
         os.kill(client.pid, signal.SIGKILL)
         killed_at = time.monotonic()
+        while not client.failure:  # the death itself wakes the caller
+            assert woken.wait(WAIT_S), 'the death woke nobody'
+            woken.clear()
         while client.alive:
             client.poll(0.05)
         assert time.monotonic() - killed_at < 2.0

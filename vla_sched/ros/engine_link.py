@@ -46,9 +46,12 @@ def restart_delay(attempt: int, *, first_s: float, max_s: float) -> float:
 
 
 class EngineClientLike(Protocol):
-    """The part of ``vla_sched.serving.engine_client.EngineClient`` the link uses."""
+    """The part of ``vla_sched.serving.engine_client.EngineClient`` the link and the node
+    use. ``on_arrival`` is called (from any thread) when ``poll`` has messages to return or
+    the engine has ended; nothing needs to poll in between."""
 
     info: EngineInfo | None
+    on_arrival: Callable[[], object]
 
     def start(self) -> None: ...
     def restart(self) -> None: ...

@@ -8,12 +8,16 @@ and publishes ``vla/action_chunk``, ``vla/step_rejected`` and, if enabled,
 Callbacks only check and enqueue: camera images are converted (decoded, checked against
 ``limits.max_image_pixels`` from their header first) by ``ImageIntake`` worker threads, so a
 slow or hostile image never holds this executor; a guard condition brings each converted
-image back here, into the robot's ``RobotSlot`` (newest observation wins). One timer, every
-``engine.poll_period_s``, collects the engine's messages, publishes results, and sends each
-robot that is due its newest observation. When the engine dies, every step in flight is
-answered with StepRejected(ENGINE_UNAVAILABLE), nothing it computed is published, and the
-engine is restarted after ``engine.restart_delay_s``, doubling for each death in a row
-up to ``engine.restart_max_delay_s``.
+image back here, into the robot's ``RobotSlot`` (newest observation wins), and a robot that
+is due is sent its step at once. The node polls nothing: the engine client's receiving
+thread triggers another guard condition when the engine's messages arrive (or the engine
+ends), and that wakes the executor to publish results and send the robots that became free
+their next steps. A one-shot timer wakes it when the next ``periodic`` robot falls due, and
+one timer every ``engine.heartbeat_period_s`` sends the node's heartbeat, notices a silent
+engine and restarts a dead one. When the engine dies, every step in flight is answered with
+StepRejected(ENGINE_UNAVAILABLE), nothing it computed is published, and the engine is
+restarted after ``engine.restart_delay_s``, doubling for each death in a row up to
+``engine.restart_max_delay_s``.
 
     python -m vla_sched.ros.node --ros-args --params-file config/vla_sched.yaml
 """
@@ -27,6 +31,7 @@ from collections.abc import Sequence
 
 import rclpy
 from diagnostic_msgs.msg import DiagnosticArray
+from rclpy.event_handler import PublisherEventCallbacks, SubscriptionEventCallbacks
 from rclpy.exceptions import ParameterException
 from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
 from rclpy.node import Node
@@ -68,17 +73,28 @@ from vla_sched.serving.engine_client import EngineClient, EngineUnavailable
 NODE_NAME = 'vla_sched'
 
 
+def _quiet_publisher() -> PublisherEventCallbacks:
+    """No QoS event handlers: rclpy's executor walks each one on every wake-up, and each of a
+    robot's publishers would add two; a subscriber that does not match logs it itself."""
+    return PublisherEventCallbacks(use_default_callbacks=False)
+
+
 class RobotTopics:
     """One robot's publishers (subscriptions are kept by the node)."""
 
     def __init__(self, node: Node, slot: RobotSlot) -> None:
         ns = slot.config.topic_namespace
-        self.chunks = node.create_publisher(ActionChunk, f'{ns}/vla/action_chunk', 10)
-        self.rejected = node.create_publisher(StepRejected, f'{ns}/vla/step_rejected', 10)
+        quiet = _quiet_publisher()
+        self.chunks = node.create_publisher(
+            ActionChunk, f'{ns}/vla/action_chunk', 10, event_callbacks=quiet
+        )
+        self.rejected = node.create_publisher(
+            StepRejected, f'{ns}/vla/step_rejected', 10, event_callbacks=quiet
+        )
         self.trajectory = None
         if slot.config.publish_joint_trajectory:
             self.trajectory = node.create_publisher(
-                JointTrajectory, f'{ns}/vla/joint_trajectory', 10
+                JointTrajectory, f'{ns}/vla/joint_trajectory', 10, event_callbacks=quiet
             )
 
 
@@ -116,14 +132,19 @@ class VlaSchedNode(Node):
         self.intake = ImageIntake(on_ready=self._wake_for_converted)
         for slot in self.slots.values():
             self._subscribe(slot)
-        self.link = EngineLink((client_factory or _engine_client)(self.config), self.config.link)
+        client = (client_factory or _engine_client)(self.config)
+        self._engine_spoke = self.create_guard_condition(self._pump)
+        client.on_arrival = self._wake_for_engine
+        self.link = EngineLink(client, self.config.link)
         self._diagnostics_pub = self._create_diagnostics_publisher()
+        # Fires only when a periodic robot with an observation waits for its period.
+        self._due_timer = self.create_timer(1.0, self._on_due, autostart=False)
         self.link.start()
         self.get_logger().info(
             f'serving {len(self.slots)} robots {sorted(self.slots)}; engine '
             f'{self.config.link.mode} mode, starting'
         )
-        self.create_timer(self.config.link.poll_period_s, self._pump)
+        self.create_timer(self.config.link.heartbeat_period_s, self._pump)
         self.create_timer(self.config.diagnostics.period_s, self.publish_diagnostics)
 
     # --- wiring -----------------------------------------------------------------------------
@@ -141,8 +162,15 @@ class VlaSchedNode(Node):
             self.create_subscription(
                 Image, f'{ns}/camera/image_raw', lambda msg: self._on_image(slot, msg), sensor_qos
             )
+        # Sensor QoS (best effort, volatile) matches every publisher, so the QoS event handlers
+        # could only report a wrong message type, which a missing state reports too; the
+        # camera's keep them, as a wrong image type is the common mistake.
         self.create_subscription(
-            JointState, f'{ns}/joint_states', lambda msg: self._on_joints(slot, msg), sensor_qos
+            JointState,
+            f'{ns}/joint_states',
+            lambda msg: self._on_joints(slot, msg),
+            sensor_qos,
+            event_callbacks=SubscriptionEventCallbacks(use_default_callbacks=False),
         )
         latched = QoSProfile(
             depth=1,
@@ -177,9 +205,11 @@ class VlaSchedNode(Node):
             self._converted_ready.trigger()
 
     def _take_converted(self) -> None:
-        """Converted images into their slots, refused ones answered (executor thread)."""
+        """Converted images into their slots, refused ones answered, and the robots that
+        are due sent (executor thread)."""
         for converted in self.intake.take():
             self._on_converted(self.slots[converted.robot_id], converted)
+        self._dispatch()
 
     def _on_converted(self, slot: RobotSlot, converted: Converted) -> None:
         if converted.image is None:
@@ -242,8 +272,14 @@ class VlaSchedNode(Node):
 
     # --- the pump: engine messages in, due steps out ----------------------------------------
 
+    def _wake_for_engine(self) -> None:
+        """Called from the engine client's receiving thread: wake the executor to pump."""
+        with contextlib.suppress(Exception):  # the node is being destroyed
+            self._engine_spoke.trigger()
+
     def _pump(self) -> None:
-        self._take_converted()
+        """Engine messages in, due steps out: when the engine spoke, and every heartbeat
+        period (the node's heartbeat, a silent engine, a restart that is due)."""
         polled = self.link.poll()
         if polled.died:
             self._on_engine_death(polled.died)
@@ -256,12 +292,22 @@ class VlaSchedNode(Node):
                 self._on_engine_info(msg)
         self._dispatch()
 
+    def _on_due(self) -> None:
+        self._due_timer.cancel()
+        self._dispatch()
+
     def _dispatch(self) -> None:
+        """Send every robot that is due its step, then arm the timer for the next one that
+        will be due once its period has come."""
         now = self._now_ns()
         info = self.link.info
         budget_ns = round(self.config.step_budget_s * 1e9)
+        next_due_ns = None
         for slot in self.slots.values():
             if not slot.is_due(now):
+                due_ns = slot.due_at_ns()
+                if due_ns is not None and (next_due_ns is None or due_ns < next_due_ns):
+                    next_due_ns = due_ns
                 continue
             num_state = info.num_state if info is not None else 0
             step = slot.take_step(
@@ -279,6 +325,14 @@ class VlaSchedNode(Node):
                 )
             else:
                 self._send(slot, step, now)
+        self._arm_due_timer(next_due_ns, now)
+
+    def _arm_due_timer(self, due_ns: int | None, now: int) -> None:
+        if due_ns is None:
+            self._due_timer.cancel()
+            return
+        self._due_timer.timer_period_ns = max(1, due_ns - now)
+        self._due_timer.reset()
 
     def _send(self, slot: RobotSlot, step: StepRequest, now: int) -> None:
         """Send ``step``, or answer it: whatever keeps it from the engine (no engine, a step
@@ -448,8 +502,10 @@ def main(argv: list[str] | None = None) -> int:
         executor = SingleThreadedExecutor()
         executor.add_node(node)
         try:
+            # No timeout: the heartbeat timer ends every wait within its period, and a signal's
+            # handler runs when the wait returns.
             while not shutdown.requested and rclpy.ok():
-                executor.spin_once(timeout_sec=0.1)
+                executor.spin_once()
             if shutdown.requested:
                 node.get_logger().info(f'{shutdown.signal_name}: stopping the engine')
         except ExternalShutdownException:

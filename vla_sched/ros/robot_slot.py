@@ -201,6 +201,15 @@ class RobotSlot:
             return True
         return now_ns >= self._next_due_ns
 
+    def due_at_ns(self) -> int | None:
+        """When a robot that waits only for its period becomes due (its period's start),
+        or None: it is due on an event (an image, the end of its step in flight) or now."""
+        if self.pending is None or self.in_flight is not None:
+            return None
+        if self.config.trigger == 'on_image':
+            return None
+        return self._next_due_ns
+
     def take_step(
         self, now_ns: int, *, budget_ns: int, num_state: int, priority: int
     ) -> StepRequest | Refusal:

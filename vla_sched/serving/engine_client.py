@@ -5,20 +5,25 @@ a private runtime folder) or in a thread of the caller (``mode='inprocess'``, ov
 Both speak the same messages and heartbeats, so the frontend cannot tell them apart except by
 ``pid``.
 
-``poll`` never raises for what the engine sends: a frame the codec refuses, or a message that
-is not for the frontend, is dropped, counted (``num_bad_frames``, over every engine this
-client started) and logged at a bounded rate.
+Each engine's messages are received by an ``EngineInbox`` thread as they arrive, and
+``on_arrival`` is called from that thread when some are waiting (or the engine has ended),
+so a frontend can sleep until then instead of polling; ``poll`` takes them. Nothing the
+engine sends makes ``poll`` raise: a frame the codec refuses, or a message that is not for
+the frontend, is dropped, counted (``num_bad_frames``, over every engine this client
+started) and logged at a bounded rate.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,23 +38,17 @@ from vla_sched.ipc.channel import (
     remove_runtime_dir,
     remove_stale_runtime_dirs,
 )
-from vla_sched.ipc.codec import CodecError
 from vla_sched.ipc.heartbeat import HeartbeatTracker
-from vla_sched.ipc.messages import (
-    CloseSession,
-    EngineInfo,
-    EngineStats,
-    Heartbeat,
-    StepFailure,
-    StepRequest,
-    StepResult,
-)
+from vla_sched.ipc.messages import CloseSession, EngineInfo, StepRequest
 from vla_sched.serving.bad_frames import BadFrames
 from vla_sched.serving.engine_config import EngineConfig, EngineLinkConfig
+from vla_sched.serving.engine_inbox import EngineInbox
 
 logger = logging.getLogger(__name__)
-# What an engine sends that the frontend uses; heartbeats are consumed by ``poll``.
-FROM_ENGINE = EngineInfo | StepResult | StepFailure | EngineStats
+# A heartbeat falling due within this share of its period is sent now: a caller that polls
+# once per period (a timer a little early or late) then never skips one.
+HEARTBEAT_EARLY_SHARE = 0.5
+INBOX_MAX_WAIT_S = 0.25  # the inbox's longest wait for a message before it looks around
 
 
 class EngineUnavailable(RuntimeError):  # noqa: N818 (reads as a state, like TimeoutError)
@@ -61,16 +60,19 @@ class EngineClient:
 
     def __init__(self, config: EngineConfig, link: EngineLinkConfig | None = None) -> None:
         """``config`` is what the engine runs with; ``link`` how it is run and watched
-        (default: ``EngineLinkConfig()``)."""
+        (default: ``EngineLinkConfig()``). Set ``on_arrival`` to be called, from the
+        receiving thread, when messages are waiting for ``poll`` or the engine has ended."""
         self.config = config
         self.link = link if link is not None else EngineLinkConfig()
         self.info: EngineInfo | None = None
+        self.on_arrival: Callable[[], object] = lambda: None
         self._heartbeat = HeartbeatTracker(
             sender='frontend',
             period_s=self.link.heartbeat_period_s,
             timeout_s=self.link.heartbeat_timeout_s,
         )
         self._channel: Channel | None = None
+        self._inbox: EngineInbox | None = None
         self._process: subprocess.Popen | None = None
         self._thread: threading.Thread | None = None
         self._stop_thread: threading.Event | None = None
@@ -94,6 +96,20 @@ class EngineClient:
             self._start_process()
         else:
             self._start_thread()
+        self._start_inbox()
+
+    def _start_inbox(self) -> None:
+        assert self._channel is not None
+        self._inbox = EngineInbox(
+            self._channel,
+            heartbeat=self._heartbeat,
+            bad_frames=self._bad_frames,
+            engine_ended=lambda: bool(self.failure),
+            on_arrival=lambda: self.on_arrival(),
+            # A running engine's heartbeats wake the inbox about this often anyway; the cap
+            # bounds how long stopping it (and so a restart) waits.
+            wait_s=min(self.link.heartbeat_period_s, INBOX_MAX_WAIT_S),
+        )
 
     def _start_process(self) -> None:
         if self._runtime_dir is None:
@@ -159,6 +175,7 @@ class EngineClient:
         reaped, and the connection closed.
         """
         try:
+            self._stop_inbox()
             self._stop_process(grace_s)
             self._stop_thread_engine()
         finally:
@@ -167,6 +184,11 @@ class EngineClient:
                 self._channel = None
             self._endpoints = None
             self.info = None
+
+    def _stop_inbox(self) -> None:
+        inbox, self._inbox = self._inbox, None
+        if inbox is not None:
+            inbox.close()  # its queued messages go with it
 
     def _stop_process(self, grace_s: float) -> None:
         process, self._process = self._process, None
@@ -256,44 +278,23 @@ class EngineClient:
             raise EngineUnavailable(str(exc)) from exc
 
     def poll(self, timeout_s: float = 0.0) -> list[Any]:
-        """Send a heartbeat when due; return every message that arrived (heartbeats aside).
+        """Send a heartbeat when due; return every message that arrived (heartbeats aside),
+        waiting up to ``timeout_s`` for one.
 
-        Never raises for what arrived: a bad frame is counted and logged (see the module
-        docstring), and the messages after it are still returned.
+        Never raises for what arrived: bad frames were counted and logged as they came (see
+        the module docstring), and the messages around them are returned.
         """
-        if self._channel is None:
+        if self._channel is None or self._inbox is None:
             return []
-        beat = self._heartbeat.due(time.monotonic())
+        now_s = time.monotonic()
+        beat = self._heartbeat.due(now_s + HEARTBEAT_EARLY_SHARE * self._heartbeat.period_s)
         if beat is not None:
+            beat = dataclasses.replace(beat, sent_ns=int(now_s * 1e9))
             # Nobody connected yet, or gone: ``alive`` says which.
             with contextlib.suppress(ChannelClosedError):
                 self._channel.send(beat)
-        out: list[Any] = []
-        msg = self._receive(timeout_s)
-        while msg is not None:
-            if isinstance(msg, FROM_ENGINE | Heartbeat):
-                self._heartbeat.seen(time.monotonic())
+        out = self._inbox.take(timeout_s)
+        for msg in out:
             if isinstance(msg, EngineInfo):
                 self.info = msg
-            if isinstance(msg, FROM_ENGINE):
-                out.append(msg)
-            elif not isinstance(msg, Heartbeat | _Refused):
-                self._bad_frames.refuse(f'a {type(msg).__name__} is not a message for the node')
-            msg = self._receive(0.0)
         return out
-
-    def _receive(self, timeout_s: float) -> Any | None:
-        """The next message, ``_REFUSED`` for a frame the codec refused, or None."""
-        assert self._channel is not None
-        try:
-            return self._channel.recv(timeout_s)
-        except CodecError as exc:
-            self._bad_frames.refuse(str(exc))
-            return _REFUSED
-
-
-class _Refused:
-    """Stands for a refused frame while ``poll`` drains the channel."""
-
-
-_REFUSED = _Refused()

@@ -1,8 +1,10 @@
 """One step at a time through transformers' ``generate``: how single-robot VLA servers run.
 
 This is the comparison point for the scheduled core: no batching, no KV reuse across steps,
-the whole prompt prefilled on every step. It shares the input checks, the newest-wins rule
-and the statistics with the scheduled core, so the two differ only in how steps execute.
+the whole prompt prefilled on every step. It shares the input checks, the robot rules
+(``RobotRules``: a newer step supersedes the waiting one, an older one is refused, a step's
+deadline is judged by the same test) and the statistics with the scheduled core, so the two
+differ only in how steps execute.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from vla_sched.engine.scheduling.robot_rules import RobotRules
 from vla_sched.ipc.messages import (
     EngineInfo,
     EngineStats,
@@ -97,6 +100,7 @@ class SequentialCore:
         )
         # Each robot's waiting step and when it arrived here (ns): latencies start there.
         self._waiting: OrderedDict[str, tuple[StepRequest, int]] = OrderedDict()
+        self.rules = RobotRules(late_policy=config.late_policy)
         self.metrics = new_metrics()
 
     @classmethod
@@ -116,18 +120,22 @@ class SequentialCore:
         )  # fmt: skip
         if refused:
             return refused
-        out = []
-        older, _ = self._waiting.pop(request.robot_id, (None, 0))
-        if older is not None:
-            out.append(
-                StepFailure(
-                    older.robot_id, older.step_seq, older.stamp_ns, FailureReason.SUPERSEDED,
-                    f'superseded by step {request.step_seq}',
-                )
-            )  # fmt: skip
-            record_failure(self.metrics, older.robot_id, FailureReason.SUPERSEDED)
+        waiting = self._waiting.get(request.robot_id)
+        older, stale = self.rules.superseded(request, [waiting[0]] if waiting else [])
+        if stale:
+            return [self._superseded(request, 'is not newer than the step its robot has')]
+        why = f'was superseded by step {request.step_seq}'
+        out = [self._superseded(old, why) for old in older]
+        self._waiting.pop(request.robot_id, None)  # the newest queues behind the others
         self._waiting[request.robot_id] = (request, now_ns)
         return out
+
+    def _superseded(self, request: StepRequest, why: str) -> StepFailure:
+        record_failure(self.metrics, request.robot_id, FailureReason.SUPERSEDED)
+        return StepFailure(
+            request.robot_id, request.step_seq, request.stamp_ns, FailureReason.SUPERSEDED,
+            f'step {request.step_seq} {why}',
+        )  # fmt: skip
 
     def close_session(self, robot_id: str) -> None:
         self._waiting.pop(robot_id, None)
@@ -137,8 +145,7 @@ class SequentialCore:
 
     def step(self, now_ns: int) -> list[StepResult | StepFailure]:
         _, (request, arrival_ns) = self._waiting.popitem(last=False)
-        late = now_ns > request.deadline_ns
-        if late and self.config.late_policy == 'drop':
+        if self.rules.is_overdue(request, now_ns) and self.rules.drops_late_steps:
             record_failure(self.metrics, request.robot_id, FailureReason.DEADLINE_MISSED)
             return [
                 StepFailure(
@@ -148,7 +155,7 @@ class SequentialCore:
                 )
             ]  # fmt: skip
         result = self._generate(request, arrival_ns=arrival_ns, start_ns=now_ns)
-        if result.late and self.config.late_policy == 'drop':
+        if result.late and self.rules.drops_late_steps:
             record_failure(self.metrics, request.robot_id, FailureReason.DEADLINE_MISSED)
             done_ms = (time.time_ns() - request.deadline_ns) / 1e6
             return [
@@ -178,16 +185,16 @@ class SequentialCore:
         prefill_ms = (stamps[1] - start) * 1e3
         decode_ms = (end - stamps[1]) * 1e3
         done_ns = time.time_ns()
-        late = done_ns > request.deadline_ns
+        late = self.rules.is_overdue(request, done_ns)
         queue_ms = (start_ns - request.received_ns) / 1e6
         robot = request.robot_id
         self.metrics.record_first_token(robot, start_ns - arrival_ns + int(prefill_ms * 1e6))
         for a, b in itertools.pairwise(stamps[1:-1]):
             self.metrics.record_itl(robot, int((b - a) * 1e9))
         self.metrics.record_cache_hit(robot, 0, len(layout.token_ids))
-        if late and self.config.late_policy == 'deliver_late':
+        if late and not self.rules.drops_late_steps:
             self.metrics.record_deadline_miss(robot)
-        if not late or self.config.late_policy == 'deliver_late':
+        if not (late and self.rules.drops_late_steps):
             self.metrics.record_step_done(robot, done_ns - arrival_ns)
         return StepResult(
             robot_id=request.robot_id,

@@ -9,16 +9,37 @@
   aborts the step (a waiting one at once, a running one at its next result, as SGLang's
   running timeout), ``deliver_late`` lets it run on and marks it late. A step is counted
   as a deadline miss once.
+
+These rules have one owner on the engine's side: both cores ask ``RobotRules`` (the
+sequential baseline for freshness and deadlines; it runs one step at a time by
+construction). Freshness and deadlines read only what ``RobotStep`` names, so a core may
+pass its ``StepRequest`` as it is.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
     from vla_sched.engine.scheduling.request import Req
+
+
+class RobotStep(Protocol):
+    """What freshness and deadlines read of a step (a ``Req``, or a core's ``StepRequest``)."""
+
+    @property
+    def robot_id(self) -> str | None: ...
+
+    @property
+    def step_seq(self) -> int: ...
+
+    @property
+    def deadline_ns(self) -> int | None: ...
+
+
+StepT = TypeVar('StepT', bound=RobotStep)
 
 
 class RobotRules:
@@ -63,7 +84,7 @@ class RobotRules:
 
     # ---- freshness ---------------------------------------------------------------------
 
-    def superseded(self, req: Req, waiting_queue: Iterable[Req]) -> tuple[list[Req], bool]:
+    def superseded(self, req: StepT, waiting_queue: Iterable[StepT]) -> tuple[list[StepT], bool]:
         """Waiting steps that ``req`` supersedes, and whether ``req`` itself is stale.
 
         Returns:
@@ -81,7 +102,8 @@ class RobotRules:
     # ---- deadlines ---------------------------------------------------------------------
 
     @staticmethod
-    def is_overdue(req: Req, now_ns: int) -> bool:
+    def is_overdue(req: RobotStep, now_ns: int) -> bool:
+        """Whether ``req``'s deadline has passed at ``now_ns`` (the engine's clock)."""
         return req.deadline_ns is not None and now_ns > req.deadline_ns
 
     @property
