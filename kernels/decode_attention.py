@@ -93,6 +93,7 @@ def decode_attention_ref(
     req_pool_indices: torch.Tensor,
     seq_lens: torch.Tensor,
     sm_scale: float,
+    check_values: bool = True,
 ) -> torch.Tensor:
     """Float32 torch reference for paged decode attention.
 
@@ -110,7 +111,8 @@ def decode_attention_ref(
 
     Raises:
         ValueError, TypeError: for shapes, dtypes or devices that do not match.
-        IndexError: for a slot, row or length out of range (always checked here).
+        IndexError: for a slot, row or length out of range (checked unless
+            ``check_values`` is False because the caller checked them).
     """
     _check_decode_inputs(
         q=q,
@@ -124,12 +126,13 @@ def decode_attention_ref(
     num_kv_heads, v_head_dim = v_cache.shape[1], v_cache.shape[2]
     if batch_size == 0:
         return q.new_empty((0, num_q_heads, v_head_dim))
-    _check_decode_values(
-        k_cache=k_cache,
-        req_to_token=req_to_token,
-        req_pool_indices=req_pool_indices,
-        seq_lens=seq_lens,
-    )
+    if check_values:
+        _check_decode_values(
+            k_cache=k_cache,
+            req_to_token=req_to_token,
+            req_pool_indices=req_pool_indices,
+            seq_lens=seq_lens,
+        )
     max_len = int(seq_lens.max())
     positions = torch.arange(max_len, device=q.device)
     valid = positions[None, :] < seq_lens[:, None]
@@ -311,6 +314,7 @@ def run_decode_attention(
     sm_scale: float,
     backend: str = 'auto',
     max_kv_splits: int = 8,
+    check_values: bool = True,
 ) -> torch.Tensor:
     """Dispatcher: Triton on CUDA, the torch reference elsewhere, unless ``backend`` says.
 
@@ -324,6 +328,8 @@ def run_decode_attention(
         backend: 'auto', 'triton' (on CPU this needs ``TRITON_INTERPRET=1`` set before the
             first launch) or 'torch'.
         max_kv_splits: upper bound on KV splits per request.
+        check_values: the reference's index checks (the Triton path checks them only when
+            ``VLA_SCHED_KERNEL_DEBUG`` is set).
 
     Returns:
         [B, Hq, Dv] attention output in ``q.dtype``.
@@ -338,7 +344,7 @@ def run_decode_attention(
         sm_scale=sm_scale,
     )
     if checks.resolve_backend(backend, q.device) == 'torch':
-        return decode_attention_ref(**common)
+        return decode_attention_ref(**common, check_values=check_values)
     batch_size, num_q_heads, _ = q.shape
     v_head_dim = v_cache.shape[2]
     out = q.new_empty((batch_size, num_q_heads, v_head_dim))

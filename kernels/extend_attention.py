@@ -144,6 +144,7 @@ def extend_attention_ref(
     extend_start_loc: torch.Tensor,
     sm_scale: float,
     image_spans: torch.Tensor | None = None,
+    check_values: bool = True,
 ) -> torch.Tensor:
     """Float32 torch reference for paged extend attention.
 
@@ -167,7 +168,8 @@ def extend_attention_ref(
 
     Raises:
         ValueError, TypeError: for shapes, dtypes, devices or lengths that do not match.
-        IndexError: for a slot, row or length out of range (always checked here).
+        IndexError: for a slot, row or length out of range (checked, with the lengths and
+            offsets, unless ``check_values`` is False because the caller checked them).
     """
     _check_extend_inputs(
         q=q,
@@ -182,16 +184,17 @@ def extend_attention_ref(
         extend_start_loc=extend_start_loc,
         image_spans=image_spans,
     )
-    _check_extend_values(
-        num_tokens=q.shape[0],
-        k_cache=k_cache,
-        req_to_token=req_to_token,
-        req_pool_indices=req_pool_indices,
-        prefix_lens=prefix_lens,
-        extend_lens=extend_lens,
-        extend_start_loc=extend_start_loc,
-        image_spans=image_spans,
-    )
+    if check_values:
+        _check_extend_values(
+            num_tokens=q.shape[0],
+            k_cache=k_cache,
+            req_to_token=req_to_token,
+            req_pool_indices=req_pool_indices,
+            prefix_lens=prefix_lens,
+            extend_lens=extend_lens,
+            extend_start_loc=extend_start_loc,
+            image_spans=image_spans,
+        )
     num_tokens, num_q_heads, head_dim = q.shape
     num_kv_heads, v_head_dim = v_cache.shape[1], v_cache.shape[2]
     group = num_q_heads // num_kv_heads
@@ -313,6 +316,7 @@ def run_extend_attention(
     image_spans: torch.Tensor | None = None,
     max_extend_len: int | None = None,
     backend: str = 'auto',
+    check_values: bool = True,
 ) -> torch.Tensor:
     """Dispatcher: Triton on CUDA, the torch reference elsewhere, unless ``backend`` says.
 
@@ -323,6 +327,8 @@ def run_extend_attention(
             (a host sync).
         backend: 'auto', 'triton' (on CPU this needs ``TRITON_INTERPRET=1`` set before the
             first launch) or 'torch'.
+        check_values: the reference's index checks (the Triton path checks them only when
+            ``VLA_SCHED_KERNEL_DEBUG`` is set).
 
     Returns:
         [T, Hq, Dv] attention output in ``q.dtype``.
@@ -342,7 +348,7 @@ def run_extend_attention(
         image_spans=image_spans,
     )
     if checks.resolve_backend(backend, q.device) == 'torch':
-        return extend_attention_ref(**common)
+        return extend_attention_ref(**common, check_values=check_values)
     if max_extend_len is None:
         max_extend_len = int(extend_lens.max()) if extend_lens.numel() else 0
     out = q.new_empty((q.shape[0], q.shape[1], v_cache.shape[2]))

@@ -57,6 +57,7 @@ def store_kv_ref(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     out_cache_loc: torch.Tensor,
+    check_values: bool = True,
 ) -> None:
     """Torch reference: ``k_cache[out_cache_loc[t]] = k[t]`` and the same for V.
 
@@ -69,10 +70,12 @@ def store_kv_ref(
 
     Raises:
         ValueError, TypeError: for shapes, dtypes or devices that do not match.
-        IndexError: for a slot outside the cache (always checked here).
+        IndexError: for a slot outside the cache (checked, with the slots' uniqueness,
+            unless ``check_values`` is False because the caller checked them).
     """
     _check_store_inputs(k=k, v=v, k_cache=k_cache, v_cache=v_cache, out_cache_loc=out_cache_loc)
-    _check_store_locations(out_cache_loc, k_cache.shape[0])
+    if check_values:
+        _check_store_locations(out_cache_loc, k_cache.shape[0])
     locations = out_cache_loc.long()
     k_cache[locations] = k
     v_cache[locations] = v
@@ -113,6 +116,7 @@ def run_store_kv(
     v_cache: torch.Tensor,
     out_cache_loc: torch.Tensor,
     backend: str = 'auto',
+    check_values: bool = True,
 ) -> None:
     """Dispatcher: Triton on CUDA, the torch reference elsewhere, unless ``backend`` says.
 
@@ -120,8 +124,13 @@ def run_store_kv(
         k, v, k_cache, v_cache, out_cache_loc: as in :func:`store_kv_ref`.
         backend: 'auto', 'triton' (on CPU this needs ``TRITON_INTERPRET=1`` set before the
             first launch) or 'torch'.
+        check_values: the reference's slot checks (the Triton path checks them only when
+            ``VLA_SCHED_KERNEL_DEBUG`` is set).
     """
     if checks.resolve_backend(backend, k_cache.device) == 'triton':
         store_kv(k=k, v=v, k_cache=k_cache, v_cache=v_cache, out_cache_loc=out_cache_loc)
     else:
-        store_kv_ref(k=k, v=v, k_cache=k_cache, v_cache=v_cache, out_cache_loc=out_cache_loc)
+        store_kv_ref(
+            k=k, v=v, k_cache=k_cache, v_cache=v_cache, out_cache_loc=out_cache_loc,
+            check_values=check_values,
+        )  # fmt: skip

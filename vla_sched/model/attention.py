@@ -76,6 +76,7 @@ class AttentionMetadata:
     image_spans: torch.Tensor | None = None  # int64 [B, 2] bidirectional spans, or None
     backend: str = 'auto'
     decode_scratch: DecodeScratch | None = None
+    check_values: bool = True  # False: the caller checked slots and lengths (the runner)
 
     @property
     def num_tokens(self) -> int:
@@ -94,6 +95,7 @@ class AttentionMetadata:
         device: torch.device,
         backend: str = 'auto',
         image_spans: torch.Tensor | None = None,
+        check_values: bool = True,
     ) -> AttentionMetadata:
         """Derive positions and offsets from CPU lengths and move everything to ``device``."""
         prefix_lens = prefix_lens.to(torch.int64)
@@ -117,6 +119,7 @@ class AttentionMetadata:
             max_extend_len=max_extend_len,
             image_spans=None if image_spans is None else put(image_spans.to(torch.int64)),
             backend=backend,
+            check_values=check_values,
         )
 
 
@@ -159,6 +162,7 @@ def paged_attention(
         v_cache=v_cache,
         out_cache_loc=meta.out_cache_loc,
         backend=meta.backend,
+        check_values=meta.check_values,
     )
     if meta.is_decode:
         scratch = meta.decode_scratch
@@ -187,6 +191,7 @@ def paged_attention(
             seq_lens=meta.seq_lens,
             sm_scale=sm_scale,
             backend=meta.backend,
+            check_values=meta.check_values,
         )
     return run_extend_attention(
         q=q,
@@ -203,4 +208,5 @@ def paged_attention(
         image_spans=meta.image_spans,
         max_extend_len=meta.max_extend_len,
         backend=meta.backend,
+        check_values=meta.check_values,
     )

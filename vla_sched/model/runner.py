@@ -394,6 +394,7 @@ class ModelRunner:
             device=self.device,
             backend=self.config.backend,
             image_spans=spans,
+            check_values=False,  # check_batch checked every slot, row and length
         )
 
     def _embed(self, input_ids: torch.Tensor, images: list[ImageRows]) -> torch.Tensor:
