@@ -48,7 +48,8 @@ class EngineConfig:
     decode-only passes follow each prefill, so a new image cannot stall robots mid-decode
     for more than one prefill at a time (0: SGLang's prefill-first). ``cpu_threads`` is
     torch's thread count when the model runs on the CPU (small models run fastest on one).
-    ``cuda_graphs`` replays decode steps as CUDA graphs (GPU only; ignored on the CPU).
+    ``cuda_graphs`` captures decode, prefill and the vision encoder as CUDA graphs (GPU
+    only; ignored on the CPU).
     ``unnorm_key`` names the dataset whose statistics un-normalize the actions; it may stay
     empty only for a checkpoint with one dataset (or one that names its own).
     ``action_decoding`` chooses the action token ids: ``whole_vocab`` is OpenVLA's (greedy
@@ -93,7 +94,9 @@ class EngineConfig:
         group='engine',
     )
     cuda_graphs: bool = setting(
-        False, 'replay decode steps as CUDA graphs (GPU only)', group='engine'
+        True,
+        'capture decode, prefill and the vision encoder as CUDA graphs (GPU only)',
+        group='engine',
     )
     policy: str = setting(
         'fcfs', 'waiting-queue order', choices=SCHEDULE_POLICIES, group='scheduler'
