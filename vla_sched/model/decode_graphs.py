@@ -16,6 +16,7 @@ import torch
 from vla_sched.kernels.decode_attention import choose_num_kv_splits
 from vla_sched.model.attention import AttentionMetadata, DecodeScratch
 from vla_sched.model.decoder import KVCache
+from vla_sched.model.graph_capture import capture_graphs
 from vla_sched.model.vla_model import VLAModel
 
 
@@ -161,23 +162,10 @@ class DecodeGraphs:
         hidden = decoder(decoder.embed(self.input_ids[:size]), meta, self.kv_caches)
         return decoder.logits(hidden)
 
-    @torch.inference_mode()
     def _capture_all(self) -> None:
-        pool = None
-        stream = torch.cuda.Stream(device=self.model.device)
-        for size in reversed(self.batch_sizes):
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
-                for _ in range(2):  # warm up: compile kernels, settle the allocator
-                    self._forward(size)
-            torch.cuda.current_stream().wait_stream(stream)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool, stream=stream):
-                output = self._forward(size)
-            pool = graph.pool()
-            self._graphs[size] = graph
-            self._outputs[size] = output
-        torch.cuda.synchronize(self.model.device)
+        self._graphs, self._outputs = capture_graphs(
+            self.batch_sizes, self._forward, self.model.device
+        )
 
 
 def _num_sms(device: torch.device) -> int:

@@ -22,6 +22,7 @@ import torch
 
 from vla_sched.model.attention import AttentionMetadata, extend_positions
 from vla_sched.model.decoder import KVCache, PagedDecoder
+from vla_sched.model.graph_capture import capture_graphs
 from vla_sched.model.transfer import to_device
 
 logger = logging.getLogger(__name__)
@@ -166,23 +167,10 @@ class PrefillGraphs:
         )
         return self.decoder(self.embeds[:size], meta, self.kv_caches)
 
-    @torch.inference_mode()
     def _capture_all(self) -> None:
-        pool = None
-        stream = torch.cuda.Stream(device=self.decoder.device)
-        for size in reversed(self.token_counts):
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
-                for _ in range(2):  # warm up: compile kernels, settle the allocator
-                    self._forward(size)
-            torch.cuda.current_stream().wait_stream(stream)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool, stream=stream):
-                output = self._forward(size)
-            pool = graph.pool()
-            self._graphs[size] = graph
-            self._outputs[size] = output
-        torch.cuda.synchronize(self.decoder.device)
+        self._graphs, self._outputs = capture_graphs(
+            self.token_counts, self._forward, self.decoder.device
+        )
         logger.info('prefill captured for token counts %s', list(self.token_counts))
 
 

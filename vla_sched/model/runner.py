@@ -16,8 +16,9 @@ tokens back once.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 
@@ -44,6 +45,7 @@ from vla_sched.model.vision_graphs import VisionGraphs
 from vla_sched.model.vla_model import VLAModel
 
 logger = logging.getLogger(__name__)
+_Padded = TypeVar('_Padded', PrefillGraphs, VisionGraphs)
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,13 +224,7 @@ class ModelRunner:
                 backend=config.backend,
             )
 
-        if not config.cuda_graphs:
-            return build(capture=False)
-        try:
-            return build(capture=True)
-        except RuntimeError as exc:  # an op that cannot be captured: prefills stay eager
-            logger.warning('prefill not captured, it runs eagerly: %s', exc)
-            return None
+        return self._captured_or_eager(build, 'prefill')
 
     def _prepare_vision_graphs(self) -> VisionGraphs | None:
         config = self.config
@@ -248,12 +244,17 @@ class ModelRunner:
                 capture=capture,
             )
 
-        if not config.cuda_graphs:
-            return build(capture=False)
+        return self._captured_or_eager(build, 'vision encoder')
+
+    def _captured_or_eager(self, build: Callable[[bool], _Padded], what: str) -> _Padded | None:
+        """The padded path, captured when ``cuda_graphs`` is on; None (eager) when an op of
+        ``what`` cannot be captured."""
+        if not self.config.cuda_graphs:
+            return build(False)
         try:
-            return build(capture=True)
-        except RuntimeError as exc:  # a tower op that cannot be captured: stay eager
-            logger.warning('vision encoder not captured, it runs eagerly: %s', exc)
+            return build(True)
+        except RuntimeError as exc:
+            logger.warning('%s not captured, it runs eagerly: %s', what, exc)
             return None
 
     @property

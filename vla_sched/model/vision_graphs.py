@@ -16,6 +16,8 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from vla_sched.model.graph_capture import capture_graphs
+
 logger = logging.getLogger(__name__)
 
 
@@ -98,19 +100,5 @@ class VisionGraphs:
             return self.vision(self.pixels[:size]).to(self.output_dtype)
 
     def _capture_all(self) -> None:
-        pool = None
-        stream = torch.cuda.Stream(device=self.device)
-        for size in reversed(self.batch_sizes):
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
-                for _ in range(2):  # warm up: pick kernels, settle the allocator
-                    self._forward(size)
-            torch.cuda.current_stream().wait_stream(stream)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool, stream=stream):
-                output = self._forward(size)
-            pool = graph.pool()
-            self._graphs[size] = graph
-            self._outputs[size] = output
-        torch.cuda.synchronize(self.device)
+        self._graphs, self._outputs = capture_graphs(self.batch_sizes, self._forward, self.device)
         logger.info('vision encoder captured for batch sizes %s', list(self.batch_sizes))
