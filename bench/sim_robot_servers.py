@@ -33,13 +33,14 @@ from bench.openvla_h200_cost import ModelShape, one_at_a_time_step_ns
 from bench.sim_scheduler import build_sim_scheduler
 from vla_sched.engine.forward_batch import ImageInput, SamplingParams
 from vla_sched.engine.memory.kv_config import KVMemoryConfig
-from vla_sched.engine.memory.pages import round_down_to_page, round_up_to_page
+from vla_sched.engine.memory.pages import round_up_to_page
 from vla_sched.engine.memory.radix_key import RadixKey
 from vla_sched.engine.scheduling.request import FinishKind, Req
 from vla_sched.engine.scheduling.scheduler import Scheduler
-from vla_sched.engine.scheduling.scheduler_config import PrefillDelayerConfig, SchedulerConfig
+from vla_sched.engine.scheduling.scheduler_config import SchedulerConfig
 from vla_sched.engine.sim_runner import HardwareCostModel, SimClock
 from vla_sched.serving.engine_config import EngineConfig
+from vla_sched.serving.scheduled_core import scheduler_config_for
 
 NS_PER_S = 1_000_000_000
 BOS_TOKEN_ID = 1
@@ -98,29 +99,8 @@ class SimServer(Protocol):
 
 
 def engine_scheduler_config(config: EngineConfig, device_type: str = 'cuda') -> SchedulerConfig:
-    """The scheduler settings the engine's scheduled core derives from ``config`` on a
-    ``device_type`` device (as ``ScheduledCore._scheduler_config``; a test keeps them equal)."""
-    chunk = config.prefill_chunk_tokens(device_type)
-    chunk = max(config.page_size, round_down_to_page(chunk, config.page_size))
-    return SchedulerConfig(
-        schedule_policy=config.policy,
-        max_running_requests=config.max_running_requests,
-        chunked_prefill_size=chunk,
-        max_prefill_tokens=max(chunk, 1024),
-        enable_priority_scheduling=config.enable_priority,
-        abort_on_priority_when_disabled=False,
-        robot_priorities=(
-            tuple((r, config.robot_priority(r)) for r in config.robots)
-            if config.enable_priority
-            else ()
-        ),
-        late_policy=config.late_policy,
-        drop_unmeetable_steps=True,
-        enable_overlap=config.enable_overlap and device_type != 'cpu',
-        num_continuous_decode_steps=config.num_continuous_decode_steps,
-        prefill_delayer=PrefillDelayerConfig(enabled=config.enable_prefill_delayer),
-        prefill_decode_interval=config.prefill_decode_interval,
-    )
+    """The scheduler settings the engine's scheduled core derives from ``config``."""
+    return scheduler_config_for(config, device_type)
 
 
 class ScheduledServer:

@@ -121,37 +121,7 @@ class ScheduledCore:
         return round_up_to_page(num, self.config.page_size)
 
     def _scheduler_config(self, device_type: str) -> SchedulerConfig:
-        """The scheduler's settings, translated from this engine's ``EngineConfig``.
-
-        Every exposed setting maps onto its SGLang knob (defaults and choices stay on
-        ``EngineConfig``); the chunk size (the device's default for 0) is rounded down to
-        whole pages. The rest are fixed
-        for robots: a pass may prefill at least 1024 tokens, a robot's priority is ignored
-        (not refused) while priority scheduling is off, and under 'drop' a step that cannot
-        meet its deadline is dropped while it waits. Knobs not named here keep
-        ``SchedulerConfig``'s SGLang defaults.
-        """
-        c = self.config
-        chunk = c.prefill_chunk_tokens(device_type)
-        chunk = max(c.page_size, round_down_to_page(chunk, c.page_size))
-        return SchedulerConfig(
-            schedule_policy=c.policy,
-            max_running_requests=c.max_running_requests,
-            chunked_prefill_size=chunk,
-            max_prefill_tokens=max(chunk, 1024),
-            enable_priority_scheduling=c.enable_priority,
-            abort_on_priority_when_disabled=False,
-            robot_priorities=(
-                tuple((r, c.robot_priority(r)) for r in c.robots) if c.enable_priority else ()
-            ),
-            late_policy=c.late_policy,
-            drop_unmeetable_steps=True,  # only under 'drop': keeps overload from collapsing
-            # On the CPU a step's tokens are known when it returns: nothing to overlap.
-            enable_overlap=c.enable_overlap and device_type != 'cpu',
-            num_continuous_decode_steps=c.num_continuous_decode_steps,
-            prefill_delayer=PrefillDelayerConfig(enabled=c.enable_prefill_delayer),
-            prefill_decode_interval=c.prefill_decode_interval,
-        )
+        return scheduler_config_for(self.config, device_type)
 
     @property
     def info(self) -> EngineInfo:
@@ -288,3 +258,35 @@ class ScheduledCore:
     def close(self) -> None:
         for session in self.memory.sessions.sessions():
             self.close_session(session.robot_id)
+
+
+def scheduler_config_for(c: EngineConfig, device_type: str) -> SchedulerConfig:
+    """The scheduler's settings the engine derives from ``c`` on a ``device_type`` device.
+
+    Every exposed setting maps onto its SGLang knob (defaults and choices stay on
+    ``EngineConfig``); the chunk size (the device's default for 0) is rounded down to
+    whole pages. The rest are fixed for robots: a pass may prefill at least 1024 tokens,
+    a robot's priority is ignored (not refused) while priority scheduling is off, and
+    under 'drop' a step that cannot meet its deadline is dropped while it waits. Knobs not
+    named here keep ``SchedulerConfig``'s SGLang defaults.
+    """
+    chunk = c.prefill_chunk_tokens(device_type)
+    chunk = max(c.page_size, round_down_to_page(chunk, c.page_size))
+    return SchedulerConfig(
+        schedule_policy=c.policy,
+        max_running_requests=c.max_running_requests,
+        chunked_prefill_size=chunk,
+        max_prefill_tokens=max(chunk, 1024),
+        enable_priority_scheduling=c.enable_priority,
+        abort_on_priority_when_disabled=False,
+        robot_priorities=(
+            tuple((r, c.robot_priority(r)) for r in c.robots) if c.enable_priority else ()
+        ),
+        late_policy=c.late_policy,
+        drop_unmeetable_steps=True,  # only under 'drop': keeps overload from collapsing
+        # On the CPU a step's tokens are known when it returns: nothing to overlap.
+        enable_overlap=c.enable_overlap and device_type != 'cpu',
+        num_continuous_decode_steps=c.num_continuous_decode_steps,
+        prefill_delayer=PrefillDelayerConfig(enabled=c.enable_prefill_delayer),
+        prefill_decode_interval=c.prefill_decode_interval,
+    )
