@@ -23,6 +23,7 @@ from typing import Protocol
 
 import torch
 
+from vla_sched.engine.decode_burst import burst_steps
 from vla_sched.engine.forward_batch import (
     ForwardBatch,
     ForwardMode,
@@ -279,7 +280,8 @@ class SimRunner:
         self.batches: list[ForwardBatch] = []
 
     def launch(self, batch: ForwardBatch) -> SimResult:
-        """Write the batch's KV, sample, and queue its duration on the clock.
+        """Write the batch's KV, sample, and queue its duration on the clock (a decode
+        burst step by step, each step a pass of its own).
 
         Raises:
             ValueError: the batch is inconsistent, or a row of ``req_to_token`` does not
@@ -288,6 +290,20 @@ class SimRunner:
         batch.check()
         if self.keep_batches:
             self.batches.append(batch)
+        if batch.num_decode_steps <= 1:
+            output = ForwardOutput(self._run_step(batch))
+            return SimResult(output, self._queue(batch), self.clock)
+        steps = burst_steps(batch)
+        tokens = [self._run_step(step) for step in steps]
+        end_ns = 0
+        for step in steps:
+            end_ns = self._queue(step)
+        rows = tuple(zip(*tokens, strict=True))
+        output = ForwardOutput(next_token_ids=tokens[-1], burst_token_ids=rows)
+        return SimResult(output, end_ns, self.clock)
+
+    def _run_step(self, batch: ForwardBatch) -> tuple[int, ...]:
+        """Write one step's KV and sample its tokens (-1 where not sampling)."""
         input_ids = self._resolve_input_ids(batch)
         self._check_rows(batch)
         values = self._key_values(batch, input_ids)
@@ -308,7 +324,7 @@ class SimRunner:
             token = token_from_digest(int(self.kv[slots].sum()), batch.sampling[i])
             self._last_tokens[row] = token
             tokens.append(token)
-        return SimResult(ForwardOutput(tuple(tokens)), self._queue(batch), self.clock)
+        return tuple(tokens)
 
     def _resolve_input_ids(self, batch: ForwardBatch) -> torch.Tensor:
         ids = batch.input_ids

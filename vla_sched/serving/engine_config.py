@@ -135,6 +135,12 @@ class EngineConfig:
         max_value=64,
         group='scheduler',
     )
+    enable_mixed_chunk: bool = setting(
+        True,
+        'decode the running steps in each prefill pass (CPU only: on a GPU a mixed pass '
+        'gives up the captured decode graph)',
+        group='scheduler',
+    )
     prefill_decode_interval: int = setting(
         1,
         'decode-only steps after each prefill (0: prefill first)',

@@ -287,6 +287,9 @@ def scheduler_config_for(c: EngineConfig, device_type: str) -> SchedulerConfig:
         # On the CPU a step's tokens are known when it returns: nothing to overlap.
         enable_overlap=c.enable_overlap and device_type != 'cpu',
         num_continuous_decode_steps=c.num_continuous_decode_steps,
+        # A mixed pass runs every request row through the eager prefill path: on a GPU
+        # that costs more than the captured decode pass it saves.
+        enable_mixed_chunk=c.enable_mixed_chunk and device_type == 'cpu',
         prefill_delayer=PrefillDelayerConfig(enabled=c.enable_prefill_delayer),
         prefill_decode_interval=c.prefill_decode_interval,
     )

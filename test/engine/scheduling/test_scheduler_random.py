@@ -35,6 +35,8 @@ def configs(draw, *, pressure: bool) -> dict:
         'init_new_token_ratio': 0.01 if pressure else draw(st.sampled_from([0.01, 0.7])),
         'max_queued_requests': draw(st.sampled_from([None, 3])),
         'late_policy': draw(st.sampled_from(['drop', 'deliver_late'])),
+        'enable_mixed_chunk': draw(st.booleans()),
+        'num_continuous_decode_steps': draw(st.sampled_from([1, 3])),
         'prefill_delayer': PrefillDelayerConfig(
             enabled=draw(st.booleans()), near_done_decode_tokens=2, max_delay_passes=3
         ),

@@ -3,8 +3,10 @@
 Prefill rows: a middle chunk only decrements the request's in-flight chunk counter; a
 final row appends the first token, then either finishes the request (its KV enters the
 tree) or caches its prompt (``cache_unfinished_req``: the prompt is shareable at once and
-a robot's session lock moves down to it). Decode rows append one token (``k`` for a decode
-burst) and finish the request when it has ``max_new_tokens`` or an abort was requested.
+a robot's session lock moves down to it). Decode rows, also the running requests that
+decoded in a mixed pass (the batch's last ``num_decoding_rows``), append one token (``k``
+for a decode burst) and finish the request when it has ``max_new_tokens`` or an abort was
+requested.
 A burst's tokens arrive together; their times are spread evenly since the request's last
 token, so the inter-token latency window holds the burst's mean, not ``k - 1`` zeros.
 
@@ -70,6 +72,7 @@ class ResultProcessor:
                 f'{len(batch.reqs)} requests'
             )
         now = self.clock()
+        num_prefill_rows = len(batch.reqs) - batch.num_decoding_rows if batch.is_extend else 0
         for i, req in enumerate(batch.reqs):
             if self._is_stale(batch, i):
                 continue
@@ -83,7 +86,7 @@ class ResultProcessor:
                     f'{req.describe()}: the runner returned tokens {list(tokens)} for a step '
                     f'of {expected}'
                 )
-            if batch.is_extend:
+            if i < num_prefill_rows:
                 self._process_prefill_row(req, tokens[0], now)
                 continue
             last = req.times.last_token_ns

@@ -20,7 +20,7 @@ Differences from SGLang, on purpose:
     * A chunked continuation is capped by the KV actually free (``A + E``); when not even
       one page is free it is handed back for retraction instead of failing to allocate.
     * Chunks are cut at page boundaries also when resumed (SGLang aligns only the first).
-    * ``ignore_eos`` admission with the radix cache off and mixed chunks do not exist here.
+    * ``ignore_eos`` admission with the radix cache off does not exist here.
 """
 
 from __future__ import annotations
@@ -63,6 +63,8 @@ class PrefillAdder:
         preemption_threshold: strict priority margin for preempting a running request.
         priority_sign: +1 when small priorities are more important, else -1.
         retract_decode_steps: eviction headroom per remaining request after a preemption.
+        mixed_with_decode_tokens: tokens of running requests that decode in the same pass
+            (a mixed pass); they come out of the input and chunk budgets.
     """
 
     def __init__(
@@ -78,6 +80,7 @@ class PrefillAdder:
         preemption_threshold: int = 10,
         priority_sign: int = -1,
         retract_decode_steps: int = 20,
+        mixed_with_decode_tokens: int = 0,
     ) -> None:
         self.memory = memory
         self.page_size = memory.page_size
@@ -87,8 +90,10 @@ class PrefillAdder:
         self.preemption_threshold = preemption_threshold
         self.priority_sign = priority_sign
         self.retract_decode_steps = retract_decode_steps
-        self.rem_input_tokens = max_prefill_tokens
-        self.rem_chunk_tokens = chunk_size
+        self.rem_input_tokens = max_prefill_tokens - mixed_with_decode_tokens
+        self.rem_chunk_tokens = (
+            None if chunk_size is None else chunk_size - mixed_with_decode_tokens
+        )
         self.rem_total_token_offset = sum(self._decode_estimate(r) for r in running_reqs)
         self.cur_rem_token_offset = 0
         self.can_run_list: list[Req] = []

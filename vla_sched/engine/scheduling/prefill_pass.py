@@ -6,7 +6,8 @@ request: skip it while its robot has a step in flight; mark the batch full when 
 request slots are spent (then only priority preemption can make room); ask the prefill
 delayer (once per pass); match its prefix in the tree; offer it to the adder; stop at the
 first refusal -> take the admitted requests out of the queue, re-queue the preempted
-ones, install a new chunked request, allocate the batch's KV.
+ones, install a new chunked request, allocate the batch's KV. With ``enable_mixed_chunk``
+the running requests decode one token each in the same pass (``_rows_to_mix``).
 """
 
 from __future__ import annotations
@@ -97,6 +98,7 @@ class PrefillPass:
             preemption_threshold=cfg.priority_scheduling_preemption_threshold,
             priority_sign=cfg.priority_sign,
             retract_decode_steps=cfg.retract_decode_steps,
+            mixed_with_decode_tokens=len(s.running_batch) if cfg.enable_mixed_chunk else 0,
         )
 
     def _num_allocatable(self, num_rows_taken: int) -> int:
@@ -162,6 +164,27 @@ class PrefillPass:
             s.metrics.num_delayed_prefills += 1
         return decision.allows_prefill
 
+    def _rows_to_mix(self, prefill_reqs: list[Req]) -> list[Req]:
+        """The running requests that decode in this prefill pass (SGLang's mixed chunk):
+        all of them when ``enable_mixed_chunk`` is on and the pool holds their next token
+        besides the prefill (evicting unlocked cache first), else none (they decode in the
+        next pass, where a full pool retracts)."""
+        s = self.host
+        running = s.running_batch
+        if not s.config.enable_mixed_chunk:
+            return []
+        running.filter_batch()
+        if running.is_empty():
+            return []
+        kvs = [r.kv for r in prefill_reqs] + [r.kv for r in running.reqs]
+        lens = [r.extend_end - r.extend_start for r in prefill_reqs] + [1] * len(running)
+        need = s.memory.tokens_needed(kvs, lens)
+        if s.memory.num_free_tokens() < need:
+            s.memory.evict(need)
+        if s.memory.num_free_tokens() < need:
+            return []
+        return list(running.reqs)
+
     def _finalize(self, adder: PrefillAdder, now: int) -> ScheduleBatch | None:
         s = self.host
         for victim in adder.preempt_list:
@@ -186,7 +209,11 @@ class PrefillPass:
         batch = ScheduleBatch(
             adder.can_run_list, forward_mode=ForwardMode.EXTEND, chunked_req=s.chunked_req
         )
-        batch.prepare_for_extend(s.memory)
+        decoding = self._rows_to_mix(adder.can_run_list)
+        if decoding:
+            # They decode in this pass and rejoin the running batch with it (SGLang).
+            s.running_batch.filter_batch(keep_indices=[])
+        batch.prepare_for_extend(s.memory, decoding=decoding)
         for req in batch.reqs:
             if req.times.admitted_ns is None:
                 req.times.admitted_ns = now

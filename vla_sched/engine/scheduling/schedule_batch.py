@@ -1,11 +1,12 @@
 """A batch of requests and the steps that turn it into a ``ForwardBatch``.
 
 ``ScheduleBatch`` mirrors SGLang's: ``prepare_for_extend`` (KV slots for each request's
-extend range), ``prepare_for_decode`` (one slot per request), ``filter_batch`` (drop
-finished or excluded rows), ``merge_batch`` (fresh prefills join the decode batch),
-``check_decode_mem`` and ``retract_decode`` (free requests when the next decode step does
-not fit). Requests are kept in a plain list; tensors are built only for the
-``ForwardBatch`` of each step.
+extend range; with ``decoding`` rows, SGLang's mixed chunk: running requests decode one
+token each in the same pass, as one-token extends after the prefill rows),
+``prepare_for_decode`` (one slot per request), ``filter_batch`` (drop finished or excluded
+rows), ``merge_batch`` (fresh prefills join the decode batch), ``check_decode_mem`` and
+``retract_decode`` (free requests when the next decode step does not fit). Requests are
+kept in a plain list; tensors are built only for the ``ForwardBatch`` of each step.
 
 Differences from SGLang, on purpose:
     * Request rows and prefix locks are taken by the prefill adder when it admits a
@@ -21,6 +22,7 @@ Differences from SGLang, on purpose:
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -68,6 +70,7 @@ class ScheduleBatch:
         self.batch_is_full = False
         self.forward_batch: ForwardBatch | None = None
         self.row_generations: tuple[int, ...] = ()
+        self.num_decoding_rows = 0  # last rows of a mixed pass: running requests decoding
 
     def __len__(self) -> int:
         return len(self.reqs)
@@ -81,11 +84,17 @@ class ScheduleBatch:
 
     # ---- building steps --------------------------------------------------------------
 
-    def prepare_for_extend(self, memory: KVMemory) -> ForwardBatch:
+    def prepare_for_extend(
+        self, memory: KVMemory, *, decoding: Sequence[Req] = ()
+    ) -> ForwardBatch:
         """Allocate KV for every row's extend range and describe the step.
 
+        ``decoding``: running requests that decode one token each in this pass (a mixed
+        pass); they become the batch's last rows. The caller checked that their KV fits.
+
         Raises:
-            RuntimeError: a row's extend range does not start where its KV ends.
+            RuntimeError: a row's extend range does not start where its KV ends, or a
+                decoding row's KV lags its known tokens by more than one.
         """
         self.forward_mode = ForwardMode.EXTEND
         for req in self.reqs:
@@ -95,13 +104,19 @@ class ScheduleBatch:
                     f'ends at {req.kv.kv_allocated_len}'
                 )
         extend_lens = [r.extend_end - r.extend_start for r in self.reqs]
-        slots = memory.allocate_extend([r.kv for r in self.reqs], extend_lens)
+        prefix_lens = [r.extend_start for r in self.reqs]
         input_ids = [t for r in self.reqs for t in r.fill_ids(r.extend_start, r.extend_end)]
-        sample = tuple(r.extend_end == r.num_fill_tokens for r in self.reqs)
+        sample = [r.extend_end == r.num_fill_tokens for r in self.reqs]
         for req in self.reqs:
             req.is_retracted = False
-        prefix_lens = [r.extend_start for r in self.reqs]
-        return self._build(prefix_lens, extend_lens, input_ids, slots, sample)
+        positions = [r.kv.kv_allocated_len for r in decoding]
+        input_ids += [_decode_input_id(r, pos) for r, pos in zip(decoding, positions, strict=True)]
+        self.reqs = self.reqs + list(decoding)
+        self.num_decoding_rows = len(decoding)
+        extend_lens += [1] * len(decoding)
+        slots = memory.allocate_extend([r.kv for r in self.reqs], extend_lens)
+        sample += [True] * len(decoding)
+        return self._build(prefix_lens + positions, extend_lens, input_ids, slots, tuple(sample))
 
     def prepare_for_decode(self, memory: KVMemory, *, num_steps: int = 1) -> ForwardBatch:
         """Allocate ``num_steps`` KV slots per row and describe the decode step (a burst of
@@ -114,13 +129,7 @@ class ScheduleBatch:
         positions = [r.kv.kv_allocated_len for r in self.reqs]
         input_ids = []
         for req, pos in zip(self.reqs, positions, strict=True):
-            if pos < req.num_fill_tokens - 1 or pos > req.num_fill_tokens:
-                raise RuntimeError(
-                    f'{req.describe()}: decode at position {pos} with {req.num_fill_tokens} '
-                    f'known tokens'
-                )
-            known = pos < req.num_fill_tokens
-            input_ids.append(req.fill_ids(pos, pos + 1)[0] if known else FUTURE_TOKEN_ID)
+            input_ids.append(_decode_input_id(req, pos))
             input_ids += [FUTURE_TOKEN_ID] * (num_steps - 1)
         steps = [num_steps] * len(self.reqs)
         slots = memory.allocate_extend([r.kv for r in self.reqs], steps)
@@ -171,12 +180,14 @@ class ScheduleBatch:
         ]
         self.forward_batch = None
         self.row_generations = ()
+        self.num_decoding_rows = 0
 
     def merge_batch(self, other: ScheduleBatch) -> None:
         """Append ``other``'s rows (fresh prefills joining the decode batch)."""
         self.reqs.extend(other.reqs)
         self.forward_batch = None
         self.row_generations = ()
+        self.num_decoding_rows = 0
 
     def copy(self) -> ScheduleBatch:
         """A snapshot for processing this step's results later (overlap loop)."""
@@ -185,6 +196,7 @@ class ScheduleBatch:
         )
         snap.forward_batch = self.forward_batch
         snap.row_generations = self.row_generations
+        snap.num_decoding_rows = self.num_decoding_rows
         return snap
 
     # ---- decode memory ---------------------------------------------------------------
@@ -240,6 +252,16 @@ class ScheduleBatch:
             to_abort.append(self.reqs[order.pop()])
         self.filter_batch(keep_indices=order)
         return RetractResult(retracted=retracted, to_abort=to_abort)
+
+
+def _decode_input_id(req: Req, pos: int) -> int:
+    """The input id of ``req``'s decode at ``pos``: its newest known token, or
+    ``FUTURE_TOKEN_ID`` when that token is still on the runner (overlap loop)."""
+    if pos < req.num_fill_tokens - 1 or pos > req.num_fill_tokens:
+        raise RuntimeError(
+            f'{req.describe()}: decode at position {pos} with {req.num_fill_tokens} known tokens'
+        )
+    return req.fill_ids(pos, pos + 1)[0] if pos < req.num_fill_tokens else FUTURE_TOKEN_ID
 
 
 def priority_value(req: Req, priority_sign: int) -> int:

@@ -10,7 +10,9 @@ of the next step). ``get_next_batch_to_run`` runs, in SGLang's order:
    finished and chunked rows) merges into the running batch;
 3. a new prefill batch (``prefill_pass``: chunked request first, then the sorted queue
    through the ``PrefillAdder``, the prefill delayer and priority preemption), unless
-   ``prefill_decode_interval`` passes of decoding are due after the last prefill;
+   ``prefill_decode_interval`` passes of decoding are due after the last prefill that
+   left the running requests waiting; with ``enable_mixed_chunk`` the running requests
+   decode in the prefill pass itself (SGLang's mixed chunk) and no decode pass is due;
 4. else a decode step of the running batch (``decode_pass``: the decode memory check and
    retract).
 
@@ -210,7 +212,7 @@ class Scheduler:
         if self.running_batch.is_empty():
             self.running_batch.batch_is_full = False
         batch = None if self._defer_prefill() else self.prefill.build(now)
-        if batch is not None:
+        if batch is not None and not batch.num_decoding_rows:
             self._prefill_skips_left = self.config.prefill_decode_interval
         elif not self.running_batch.is_empty():
             update_running_batch(self, now)

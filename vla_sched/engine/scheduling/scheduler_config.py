@@ -116,6 +116,9 @@ class SchedulerConfig:
             ``--num-continuous-decode-steps``), in the normal loop only, when no request
             waits for prefill, no running request is past its deadline or asked to finish,
             and the pool holds every step's KV; at most each request's remaining tokens.
+        enable_mixed_chunk: a prefill pass also decodes one token of every running request
+            (SGLang's ``--enable-mixed-chunk``), when the pool holds those tokens; no
+            decode-only pass is then due after it (``prefill_decode_interval``).
         disable_consecutive_prefill_overlap: process a prefill's results before launching
             the next prefill (better time to first token).
         retract_window_ms: length of the sliding window of the retract counter.
@@ -153,6 +156,7 @@ class SchedulerConfig:
     drop_unmeetable_steps: bool = False
     enable_overlap: bool = True
     num_continuous_decode_steps: int = 1
+    enable_mixed_chunk: bool = False
     disable_consecutive_prefill_overlap: bool = False
     retract_window_ms: float = 10_000.0
     latency_window_size: int = 1024
