@@ -13,9 +13,11 @@ GPU. The scheduler variants:
 - ``chunked``: chunked prefill of ``--chunk`` tokens;
 - ``delayer+chunked``: both;
 - ``engine default``: what the engine ships (delayer on with only its KV-headroom trigger,
-  chunk 256, one decode-only pass after each prefill).
+  chunk 256, one decode-only pass after each prefill the running steps sat out, mixed
+  passes and decode bursts on the CPU);
+- ``unmixed``: the engine default without mixed passes.
 
-    python bench/itl_jump.py                    # 8 robots at 5 Hz, 5 variants x 10 s
+    python bench/itl_jump.py                    # 8 robots at 5 Hz, 6 variants x 10 s
     python bench/itl_jump.py --robots 4 --duration 5 --variants sglang delayer
 """
 
@@ -47,7 +49,7 @@ from vla_sched.serving.engine_config import EngineConfig
 from vla_sched.serving.scheduled_core import ScheduledCore
 from vla_sched.synthetic_frames import synthetic_frame
 
-VARIANTS = ('sglang', 'delayer', 'chunked', 'delayer+chunked', 'engine default')
+VARIANTS = ('sglang', 'delayer', 'chunked', 'delayer+chunked', 'engine default', 'unmixed')
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +64,8 @@ class Variant:
     def apply(self, config: SchedulerConfig) -> SchedulerConfig:
         if self.name == 'engine default':
             return config
+        if self.name == 'unmixed':
+            return dataclasses.replace(config, enable_mixed_chunk=False)
         return dataclasses.replace(
             config,
             prefill_delayer=self.delayer or PrefillDelayerConfig(enabled=False),
@@ -78,6 +82,7 @@ def make_variants(names: list[str], *, chunk: int, near_done: int) -> list[Varia
         'chunked': Variant('chunked', chunked_prefill_size=chunk),
         'delayer+chunked': Variant('delayer+chunked', delayer=delayer, chunked_prefill_size=chunk),
         'engine default': Variant('engine default'),
+        'unmixed': Variant('unmixed'),
     }
     return [table[name] for name in names]
 
