@@ -167,7 +167,7 @@ def test_random_model_of_the_tiny_preset_equals_the_seed_0_checkpoint(tiny_model
 
 def _openvla_folder(folder, *, variant='fused', tiny=True, datasets=('bridge_orig',)):
     """An OpenVLA-format folder's JSON files (config with norm_stats, tokenizer), no weights."""
-    from vla_sched.model.openvla_writer import llama_like_tokenizer_json
+    from vla_sched.model.llama_tokenizer_files import llama_like_tokenizer_json
     from vla_sched.model.presets import openvla_config, openvla_norm_stats
 
     folder.mkdir(parents=True, exist_ok=True)

@@ -85,7 +85,7 @@ OPENVLA_SPACE_ID = 29871  # Llama 2's bare '▁' piece
 def llama_tokenizer():
     import tokenizers
 
-    from vla_sched.model.openvla_writer import llama_like_tokenizer_json
+    from vla_sched.model.llama_tokenizer_files import llama_like_tokenizer_json
 
     return tokenizers.Tokenizer.from_str(llama_like_tokenizer_json())
 
