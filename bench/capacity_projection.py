@@ -20,7 +20,10 @@ its whole 280-token prompt (about 4.1 TFLOP with the vision towers), while decod
 weights once per pass whatever the batch: prefill FLOPs set the ceiling.
 
 The scheduler runs once per chunk size: 8192 (SGLang's default on an H200-class GPU) and
-256 (the node's default, set for the tiny model on a CPU).
+256 (the node's default, set for the tiny model on a CPU); and with 8192 once more with
+mixed passes (each prefill pass also decodes the running steps: SGLang's mixed chunk, which
+the engine uses on the CPU only, since on a GPU its runner would run such a pass outside
+the captured decode graph).
 
     python bench/capacity_projection.py --json out.json --markdown out.md    # a few minutes
 """
@@ -77,6 +80,7 @@ class ProjectionPlan:
     host_overhead_us: float = 1000.0  # the scheduler's host work per iteration
     kv_pool_tokens: int = 65536  # 34 GB of openvla-7b KV: the H200 holds it beside the weights
     chunk_sizes: tuple[int, ...] = (8192, 256)
+    mixed_chunk_sizes: tuple[int, ...] = (8192,)  # also with mixed passes (off on a GPU)
 
     def __post_init__(self) -> None:
         if self.max_robots < 1 or self.max_failures_in_row < 1 or not self.chunk_sizes:
@@ -93,7 +97,7 @@ class Projection:
     measurements: H200Measurements
     cost: HardwareCostModel
     bounds: Bounds
-    searches: tuple[CapacitySearch, ...]  # the scheduler per chunk size, then one-at-a-time
+    searches: tuple[CapacitySearch, ...]  # the scheduler per chunk size, mixed, one-at-a-time
 
     @property
     def one_at_a_time(self) -> CapacitySearch:
@@ -130,6 +134,15 @@ def project(
             return ScheduledServer(engine, cost, shape, n, host_overhead_us=plan.host_overhead_us)
 
         servers.append((f'vla_sched, chunk {chunk}', scheduled))
+    for chunk in plan.mixed_chunk_sizes:
+        engine = EngineConfig(chunked_prefill_size=chunk, kv_pool_tokens=plan.kv_pool_tokens)
+
+        def mixed(n: int, engine: EngineConfig = engine) -> ScheduledServer:
+            return ScheduledServer(
+                engine, cost, shape, n, host_overhead_us=plan.host_overhead_us, mixed=True
+            )
+
+        servers.append((f'vla_sched, chunk {chunk}, mixed passes', mixed))
     servers.append((ONE_AT_A_TIME, lambda n: OneAtATimeServer(cost, shape)))
     searches = []
     for label, make in servers:
@@ -297,6 +310,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument('--warmup', type=float, default=base.timing.warmup_s, help='sim s')
     parser.add_argument('--duration', type=float, default=base.timing.duration_s, help='sim s')
     parser.add_argument('--chunks', type=int, nargs='+', default=list(base.chunk_sizes))
+    parser.add_argument(
+        '--mixed-chunks',
+        type=int,
+        nargs='*',
+        default=list(base.mixed_chunk_sizes),
+        help='chunk sizes also run with mixed passes (SGLang mixed chunk; none: omit)',
+    )
     parser.add_argument('--host-overhead-us', type=float, default=base.host_overhead_us)
     parser.add_argument('--seed', type=int, default=base.timing.seed, help='robot phases')
     parser.add_argument(
@@ -321,6 +341,7 @@ def plan_from_args(args: argparse.Namespace) -> ProjectionPlan:
         timing=timing,
         max_robots=args.max_robots,
         chunk_sizes=tuple(args.chunks),
+        mixed_chunk_sizes=tuple(args.mixed_chunks),
         host_overhead_us=args.host_overhead_us,
     )
 

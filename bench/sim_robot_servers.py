@@ -18,6 +18,7 @@ Latency is image stamp to the end of the step on the engine's clock: no ROS, no 
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import math
 import random
@@ -114,6 +115,7 @@ class ScheduledServer:
         num_robots: int,
         *,
         host_overhead_us: float,
+        mixed: bool = False,
     ) -> None:
         memory = KVMemoryConfig(
             num_pages=engine.kv_pool_tokens // engine.page_size,
@@ -125,7 +127,10 @@ class ScheduledServer:
             session_step_kv='free',
             session_idle_timeout_s=0.0,
         )
-        self.sched: Scheduler = build_sim_scheduler(engine_scheduler_config(engine), memory, cost)
+        config = engine_scheduler_config(engine)
+        if mixed:  # the engine mixes on the CPU only; the projection tries it on the GPU
+            config = dataclasses.replace(config, enable_mixed_chunk=True)
+        self.sched: Scheduler = build_sim_scheduler(config, memory, cost)
         self.clock: SimClock = self.sched.clock
         self.shape = shape
         self.host_overhead_ns = round(host_overhead_us * 1000)
