@@ -39,7 +39,8 @@ serving      95      50           the engine core paced at 10 Hz per robot for 1
                                   and 32 robots (``bench/engine_paced.py``): latency p50/p99,
                                   deadline hits, actions/s, the robot count the matmul rate
                                   allows and the share of it served; one robot's step
-                                  against the floor
+                                  against the floor; then 1, 4, 8 and 12 robots again with
+                                  mixed passes (off on a GPU by default)
 scheduler    55      35           scheduler host time per decode step, null and 7B runner,
                                   overlap on and off (``bench/scheduler_cost.py``)
 ============ ======= ============ ============================================================
@@ -515,6 +516,15 @@ def part_serving(ctx: PartContext) -> dict[str, Any]:
         (point,) = run_paced(core, dataclasses.replace(plan, robot_counts=(count,)))
         print(markdown_table([point]).splitlines()[-1], flush=True)
         points.append(point)
+    # Mixed passes (each prefill pass also decodes the running steps) are on by default on
+    # the CPU only; the same core, switched to them, measures what they do on this device.
+    sched = core.scheduler
+    sched.config = dataclasses.replace(sched.config, enable_mixed_chunk=True)
+    mixed_points = []
+    for count in plan.robot_counts[:4]:
+        (point,) = run_paced(core, dataclasses.replace(plan, robot_counts=(count,)))
+        print('mixed passes: ' + markdown_table([point]).splitlines()[-1], flush=True)
+        mixed_points.append(point)
     out: dict[str, Any] = {
         'cuda_graphs': graphs,
         'period_s': plan.period_s,
@@ -522,6 +532,7 @@ def part_serving(ctx: PartContext) -> dict[str, Any]:
         'warmup_s': plan.warmup_s,
         'duration_s': plan.duration_s,
         'points': [dataclasses.asdict(p) for p in points],
+        'mixed_points': [dataclasses.asdict(p) for p in mixed_points],
     }
     served = [p.num_robots for p in points if _served(p)]
     out['max_robots_served'] = max(served, default=0)

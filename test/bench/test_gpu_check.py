@@ -74,6 +74,8 @@ def test_dry_run_records_the_numbers_each_part_must_produce(dry_run):
     for point in serving['points']:
         assert point['num_results'] > 0 and point['latency_ms_p99'] >= point['latency_ms_p50']
         assert point['target_actions_per_s'] == point['num_robots'] * 10
+    assert [p['num_robots'] for p in serving['mixed_points']] == [1, 2]
+    assert all(p['num_results'] > 0 for p in serving['mixed_points'])
     assert serving['robots_bound'] > 0 and 'bound_share_served' in serving
     assert 'one_robot_step_over_floor' in serving
     points = data['scheduler']['points']
