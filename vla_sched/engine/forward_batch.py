@@ -114,7 +114,11 @@ class ForwardBatch:
         return int(self.input_ids.numel())
 
     def check(self) -> None:
-        """Raise ValueError unless the fields agree with each other."""
+        """Raise ValueError unless the fields agree with each other.
+
+        The lengths are compared as Python lists: a batch of a few requests costs a few
+        microseconds, where elementwise tensor ops would cost several each.
+        """
         b = self.batch_size
         for name in ('req_pool_indices', 'prefix_lens', 'extend_lens', 'seq_lens'):
             t = getattr(self, name)
@@ -122,25 +126,38 @@ class ForwardBatch:
                 raise ValueError(f'{name} must be int64 [{b}], got {t.dtype} {tuple(t.shape)}')
         if len(self.sample) != b or len(self.sampling) != b or len(self.images) != b:
             raise ValueError('sample, sampling and images need one entry per request')
-        if not torch.equal(self.prefix_lens + self.extend_lens, self.seq_lens):
+        extend = self.extend_lens.tolist()
+        summed = [p + e for p, e in zip(self.prefix_lens.tolist(), extend, strict=True)]
+        if summed != self.seq_lens.tolist():
             raise ValueError('seq_lens != prefix_lens + extend_lens')
-        n = int(self.extend_lens.sum())
+        n = sum(extend)
         if self.input_ids.shape != (n,) or self.out_cache_loc.shape != (n,):
             raise ValueError(f'input_ids and out_cache_loc must hold {n} tokens')
         if self.forward_mode is ForwardMode.DECODE and b:
-            steps = self.num_decode_steps
-            if steps < 1 or bool((self.extend_lens != steps).any()):
+            steps = extend[0]
+            if steps < 1 or extend.count(steps) != b:
                 raise ValueError('a decode batch extends every request by the same k >= 1 tokens')
-            later = self.input_ids.view(b, steps)[:, 1:]
-            if bool((later != FUTURE_TOKEN_ID).any()):
+            if steps > 1 and _knows_later_ids(self.input_ids.tolist(), steps):
                 raise ValueError('a decode burst knows only its first input id per request')
 
     @property
     def num_decode_steps(self) -> int:
-        """Decode steps this batch runs (1, or ``k`` for a burst); 0 for an empty batch."""
-        if self.forward_mode is not ForwardMode.DECODE or not self.batch_size:
-            return 0 if not self.batch_size else 1
-        return int(self.extend_lens[0])
+        """Decode steps this batch runs (1, or ``k`` for a burst); 0 for an empty batch.
+
+        Read from the token count (every request of a checked decode batch extends by the
+        same ``k``), not from a tensor element: the result processor asks once per row.
+        """
+        b = len(self.rids)
+        if not b:
+            return 0
+        if self.forward_mode is not ForwardMode.DECODE:
+            return 1
+        return self.input_ids.numel() // b
+
+
+def _knows_later_ids(input_ids: list[int], steps: int) -> bool:
+    """Whether an input id other than each request's first of ``steps`` is known."""
+    return any(t != FUTURE_TOKEN_ID for i, t in enumerate(input_ids) if i % steps)
 
 
 @dataclass(frozen=True, slots=True)

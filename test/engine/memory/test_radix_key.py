@@ -79,3 +79,14 @@ def test_page_aligned_prefix_and_namespace_aware_starts_with() -> None:
 def test_key_must_be_a_1d_int64_tensor() -> None:
     with pytest.raises(ValueError, match='1-D int64'):
         RadixKey(torch.arange(4, dtype=torch.int32))
+
+
+def test_a_tensor_prompt_gives_the_same_key_as_a_list_and_is_not_shared() -> None:
+    ids = [1, IMAGE_TOKEN, IMAGE_TOKEN, 3]
+    prompt = torch.tensor(ids, dtype=torch.int64)
+    key = build_key_tokens(prompt, [Span(0x77, 1, 2)])
+    assert key.dtype == torch.int64
+    assert torch.equal(key, build_key_tokens(tuple(ids), [Span(0x77, 1, 2)]))
+    prompt[0] = 9
+    assert key[0] == 1
+    assert prompt[1] == IMAGE_TOKEN

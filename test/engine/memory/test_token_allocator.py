@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from vla_sched.engine.memory.kv_errors import DoubleFreeError, OutOfPagesError
 from vla_sched.engine.memory.token_allocator import PagedTokenAllocator
@@ -109,3 +112,64 @@ def test_last_slot_at_wrong_page_offset_is_rejected() -> None:
     alloc = PagedTokenAllocator(num_pages=3, page_size=4)
     with pytest.raises(ValueError, match='does not sit at offset 1'):
         alloc.allocate_extend(prefix_lens=_t([2]), seq_lens=_t([3]), last_slots=_t([6]))
+
+
+def _expected_slots(
+    prefix_lens: list[int], seq_lens: list[int], last_slots: list[int], pages: list[int], p: int
+) -> list[int]:
+    """The layout, token by token: finish the prefix's partial page, then fresh pages."""
+    slots, pages = [], list(pages)
+    for start, end, last in zip(prefix_lens, seq_lens, last_slots, strict=True):
+        page = last // p if start % p else None
+        for pos in range(start, end):
+            if pos % p == 0:
+                page = pages.pop(0)
+            slots.append(page * p + pos % p)
+    return slots
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    page_size=st.sampled_from([1, 3, 16]),
+    rows=st.lists(st.tuples(st.integers(0, 40), st.integers(0, 120)), min_size=1, max_size=8),
+)
+def test_short_and_long_extends_lay_out_slots_token_by_token(
+    page_size: int, rows: list[tuple[int, int]]
+) -> None:
+    # Up to 8 rows of up to 120 new tokens: batches on both sides of the size where the
+    # allocator switches from a loop per request to array arithmetic.
+    alloc = PagedTokenAllocator(num_pages=1000, page_size=page_size)
+    alloc.allocate_pages(7)  # a used region, so the last slots below sit in real pages
+    prefix_lens = [start for start, _ in rows]
+    seq_lens = [start + extend for start, extend in rows]
+    last_slots = [3 * page_size + (start - 1) % page_size for start in prefix_lens]
+    num_pages = alloc.num_pages_needed(prefix_lens, seq_lens)
+    upcoming = alloc.free_page_ids()[:num_pages].tolist()
+    slots = alloc.extend_slots(prefix_lens, seq_lens, last_slots)
+    assert slots.dtype == np.int64
+    assert slots.tolist() == _expected_slots(
+        prefix_lens, seq_lens, last_slots, upcoming, page_size
+    )
+    assert alloc.num_free_pages == 1000 - 7 - num_pages
+
+
+def test_long_extend_continues_the_partial_page_like_a_short_one() -> None:
+    alloc = PagedTokenAllocator(num_pages=64, page_size=16)
+    alloc.allocate_pages(2)
+    slots = alloc.allocate_extend(
+        prefix_lens=_t([5, 0]), seq_lens=_t([305, 3]), last_slots=_t([36, 0])
+    )
+    assert slots.numel() == 303
+    assert slots[:11].tolist() == list(range(37, 48))  # rest of page 2 after slot 36
+    assert slots[11:27].tolist() == list(range(48, 64))  # then page 3, the next free one
+    assert slots[300:].tolist() == [22 * 16, 22 * 16 + 1, 22 * 16 + 2]  # pages 3..21, 22
+    assert alloc.num_free_pages == 64 - 2 - 20
+
+
+def test_extend_slots_needs_one_length_and_last_slot_per_request() -> None:
+    alloc = PagedTokenAllocator(num_pages=4, page_size=4)
+    with pytest.raises(ValueError, match='one prefix length, sequence length and last slot'):
+        alloc.extend_slots([0, 0], [1], [0, 0])
+    with pytest.raises(ValueError, match='bad lengths'):
+        alloc.extend_slots([2], [1], [1])
+    assert alloc.num_free_pages == 4

@@ -24,7 +24,7 @@ import torch
 from vla_sched.engine.memory.kv_config import KVMemoryConfig
 from vla_sched.engine.memory.kv_errors import IntegrityError, KVMemoryError, OutOfPagesError
 from vla_sched.engine.memory.kv_integrity import check_kv_integrity
-from vla_sched.engine.memory.pages import round_down_to_page, round_up_to_page
+from vla_sched.engine.memory.pages import num_new_pages, round_down_to_page, round_up_to_page
 from vla_sched.engine.memory.radix_cache import MatchResult, RadixCache
 from vla_sched.engine.memory.req_kv import ReqKV
 from vla_sched.engine.memory.req_to_token_pool import ReqToTokenPool
@@ -87,9 +87,9 @@ class KVMemory:
 
         A request not admitted yet counts from its matched prefix.
         """
-        prefix_lens = torch.tensor([_start_len(r) for r in reqs], dtype=torch.int64)
-        seq_lens = prefix_lens + torch.tensor(list(extend_lens), dtype=torch.int64)
-        return self.allocator.num_pages_needed(prefix_lens, seq_lens) * self.page_size
+        prefix_lens = [_start_len(r) for r in reqs]
+        seq_lens = [start + int(n) for start, n in zip(prefix_lens, extend_lens, strict=True)]
+        return num_new_pages(prefix_lens, seq_lens, self.page_size) * self.page_size
 
     def can_allocate_extend(self, reqs: Sequence[ReqKV], extend_lens: Sequence[int]) -> bool:
         return self.tokens_needed(reqs, extend_lens) <= self.available_size()
@@ -148,25 +148,24 @@ class KVMemory:
             KVMemoryError: a request is not admitted, listed twice, or would pass
                 ``max_context_len``.
         """
-        extend = torch.tensor(list(extend_lens), dtype=torch.int64)
-        if extend.numel() != len(reqs) or bool((extend < 0).any()):
+        extend = [int(n) for n in extend_lens]
+        if len(extend) != len(reqs) or (extend and min(extend) < 0):
             raise KVMemoryError(f'need one extend length >= 0 per request, got {extend_lens}')
         rows = self._rows_of(reqs)
-        prefix_lens = torch.tensor([r.kv_allocated_len for r in reqs], dtype=torch.int64)
-        seq_lens = prefix_lens + extend
+        prefix_lens = [r.kv_allocated_len for r in reqs]
+        seq_lens = [start + n for start, n in zip(prefix_lens, extend, strict=True)]
         self._check_context_len(reqs, seq_lens)
-        num_pages = self.allocator.num_pages_needed(prefix_lens, seq_lens)
-        self._ensure_free_pages(num_pages, reqs)
-        last_pos = (prefix_lens - 1).clamp(min=0)
-        last_slots = self.req_to_token_pool.req_to_token[rows, last_pos].to(torch.int64)
-        slots = self.allocator.allocate_extend(
-            prefix_lens=prefix_lens, seq_lens=seq_lens, last_slots=last_slots
-        )
-        self._write_rows(rows, prefix_lens, extend, slots)
-        for req, seq_len in zip(reqs, seq_lens.tolist(), strict=True):
+        p = self.page_size
+        self._ensure_free_pages(num_new_pages(prefix_lens, seq_lens, p), reqs)
+        pool = self.req_to_token_pool
+        # slot of each row's last token (read at 0 for an empty row: not used there)
+        last_slots = pool.slots_at(rows, [max(start - 1, 0) for start in prefix_lens])
+        slots = self.allocator.extend_slots(prefix_lens, seq_lens, last_slots)
+        pool.write_runs(rows, prefix_lens, extend, slots)
+        for req, seq_len in zip(reqs, seq_lens, strict=True):
             req.kv_allocated_len = seq_len
             req.kv_committed_len = seq_len
-        return slots
+        return torch.from_numpy(slots)
 
     def allocate_decode(self, reqs: Sequence[ReqKV]) -> torch.Tensor:
         """One slot per request for its next token (see ``allocate_extend``)."""
@@ -240,24 +239,30 @@ class KVMemory:
 
     def _require_admitted(self, req: ReqKV) -> None:
         if self._reqs.get(req.rid) is not req:
-            raise KVMemoryError(f'request {req.rid!r} holds no memory (not admitted)')
+            raise _not_admitted(req)
 
-    def _rows_of(self, reqs: Sequence[ReqKV]) -> torch.Tensor:
-        seen: set[str] = set()
+    def _rows_of(self, reqs: Sequence[ReqKV]) -> list[int]:
+        admitted = self._reqs
+        rows = []
         for req in reqs:
-            self._require_admitted(req)
-            if req.rid in seen:
-                raise KVMemoryError(f'request {req.rid!r} is listed twice in one allocation')
-            seen.add(req.rid)
-        return torch.tensor([r.req_pool_idx for r in reqs], dtype=torch.int64)
+            if admitted.get(req.rid) is not req:
+                raise _not_admitted(req)
+            rows.append(req.req_pool_idx)
+        if len(set(rows)) != len(rows):  # admitted requests own distinct rows
+            seen: set[int] = set()
+            for req in reqs:
+                if req.req_pool_idx in seen:
+                    raise KVMemoryError(f'request {req.rid!r} is listed twice in one allocation')
+                seen.add(req.req_pool_idx)
+        return rows
 
-    def _check_context_len(self, reqs: Sequence[ReqKV], seq_lens: torch.Tensor) -> None:
-        too_long = (seq_lens > self.config.max_context_len).nonzero()
-        if too_long.numel():
-            i = int(too_long[0])
+    def _check_context_len(self, reqs: Sequence[ReqKV], seq_lens: list[int]) -> None:
+        limit = self.config.max_context_len
+        if seq_lens and max(seq_lens) > limit:
+            i = next(i for i, n in enumerate(seq_lens) if n > limit)
             raise KVMemoryError(
-                f'request {reqs[i].rid!r} would hold {int(seq_lens[i])} tokens, more than '
-                f'max_context_len={self.config.max_context_len}'
+                f'request {reqs[i].rid!r} would hold {seq_lens[i]} tokens, more than '
+                f'max_context_len={limit}'
             )
 
     def _ensure_free_pages(self, num_pages: int, reqs: Sequence[ReqKV]) -> None:
@@ -271,17 +276,6 @@ class KVMemory:
                 f'free, {self.evictable_size()} tokens evictable, '
                 f'{self.protected_size()} protected'
             )
-
-    def _write_rows(
-        self, rows: torch.Tensor, starts: torch.Tensor, lens: torch.Tensor, slots: torch.Tensor
-    ) -> None:
-        if slots.numel() == 0:
-            return
-        row_of_token = torch.repeat_interleave(rows, lens)
-        first = torch.cumsum(lens, 0) - lens
-        owner = torch.repeat_interleave(torch.arange(lens.numel()), lens)
-        pos = torch.arange(slots.numel()) - first[owner] + starts[owner]
-        self.req_to_token_pool.req_to_token[row_of_token, pos] = slots.to(torch.int32)
 
     def _release(self, req: ReqKV, *, insert: bool) -> None:
         self._require_admitted(req)
@@ -330,6 +324,10 @@ class KVMemory:
         req.cache_protected_len = key_len
         if req.session_id is not None and req.session_id in self.sessions:
             self.sessions.refresh(req.session_id)
+
+
+def _not_admitted(req: ReqKV) -> KVMemoryError:
+    return KVMemoryError(f'request {req.rid!r} holds no memory (not admitted)')
 
 
 def _start_len(req: ReqKV) -> int:

@@ -4,10 +4,12 @@ The KV buffers hold ``(num_pages + 1) * page_size`` token slots; slot ``s`` lies
 ``s // page_size`` at offset ``s % page_size``. Page 0 is never handed out, so a runner
 may send padding writes to its slots. Pages ``1..num_pages`` live on a free stack (LIFO:
 the pages freed last are reused first) and in a per-page ``is_free`` flag that catches a
-page freed twice. Every operation is a handful of array ops over the batch: no Python
-loop runs per token or per page. Arguments and results are CPU torch tensors; the state
-and the index arithmetic use numpy views of them, which cost a fraction of a microsecond
-per op where a small torch op costs several.
+page freed twice. Arguments and results are CPU torch tensors; the state and the index
+arithmetic use numpy, which costs a fraction of a microsecond per op where a small torch op
+costs several. ``extend_slots``, the scheduler's per-step path, takes plain ints: a decode
+step of a few requests is cheapest as one Python step per request and page, a long extend
+(more than ``_SMALL_EXTEND`` new slots) as a handful of array ops with no Python loop per
+token or page.
 
 Extend allocation, per request (``P`` = page size)::
 
@@ -19,13 +21,16 @@ Extend allocation, per request (``P`` = page size)::
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import torch
 
 from vla_sched.engine.memory.kv_errors import DoubleFreeError, OutOfPagesError
-from vla_sched.engine.memory.pages import num_pages_for
+from vla_sched.engine.memory.pages import num_new_pages, num_pages_for
 
 _SMALL_FREE = 64  # below this many pages a Python set finds duplicates faster than np.unique
+_SMALL_EXTEND = 256  # up to this many new slots a loop per request beats the array ops
 
 
 class PagedTokenAllocator:
@@ -87,10 +92,11 @@ class PagedTokenAllocator:
         if slots.numel():
             self._give_back(np.unique(_as_numpy(slots) // self.page_size))
 
-    def num_pages_needed(self, prefix_lens: torch.Tensor, seq_lens: torch.Tensor) -> int:
+    def num_pages_needed(
+        self, prefix_lens: torch.Tensor | Sequence[int], seq_lens: torch.Tensor | Sequence[int]
+    ) -> int:
         """New pages that extending each request from ``prefix_lens`` to ``seq_lens`` takes."""
-        p = self.page_size
-        return int((num_pages_for(seq_lens, p) - num_pages_for(prefix_lens, p)).sum())
+        return num_new_pages(_as_ints(prefix_lens), _as_ints(seq_lens), self.page_size)
 
     def allocate_extend(
         self,
@@ -118,26 +124,54 @@ class PagedTokenAllocator:
             OutOfPagesError: too few free pages; nothing is allocated.
             ValueError: lengths or ``last_slots`` disagree.
         """
-        p = self.page_size
-        prefix, seq, last = _as_numpy(prefix_lens), _as_numpy(seq_lens), _as_numpy(last_slots)
-        extend = seq - prefix
-        if (extend < 0).any() or (prefix < 0).any():
-            raise ValueError(
-                f'bad lengths: prefix_lens={prefix.tolist()}, seq_lens={seq.tolist()}'
-            )
-        mismatch = (prefix % p != 0) & (extend > 0) & (last % p != (prefix - 1) % p)
-        if mismatch.any():
-            i = int(mismatch.nonzero()[0][0])
-            raise ValueError(
-                f'request {i}: last slot {int(last[i])} does not sit at offset '
-                f'{int((prefix[i] - 1) % p)} of a page (prefix_len {int(prefix[i])}, '
-                f'page size {p})'
-            )
-        prefix_pages = num_pages_for(prefix, p)
-        new_pages_per_req = num_pages_for(seq, p) - prefix_pages
-        pages = self._take(int(new_pages_per_req.sum()))
-        slots = _slots_for_extend(prefix, extend, prefix_pages, new_pages_per_req, last, pages, p)
+        slots = self.extend_slots(_as_ints(prefix_lens), _as_ints(seq_lens), _as_ints(last_slots))
         return torch.from_numpy(slots)
+
+    def extend_slots(
+        self, prefix_lens: Sequence[int], seq_lens: Sequence[int], last_slots: Sequence[int]
+    ) -> np.ndarray:
+        """``allocate_extend`` on plain ints (one per request); returns int64 numpy slots.
+
+        The scheduler's per-step path: a batch of a few requests costs a few microseconds
+        of Python here, where building and reading tensors would cost tens.
+
+        Raises:
+            OutOfPagesError: too few free pages; nothing is allocated.
+            ValueError: lengths or ``last_slots`` disagree.
+        """
+        p = self.page_size
+        if not len(prefix_lens) == len(seq_lens) == len(last_slots):
+            raise ValueError(
+                f'need one prefix length, sequence length and last slot per request, got '
+                f'{len(prefix_lens)}, {len(seq_lens)} and {len(last_slots)}'
+            )
+        for i, (start, end, last) in enumerate(
+            zip(prefix_lens, seq_lens, last_slots, strict=True)
+        ):
+            if start < 0 or end < start:
+                raise ValueError(
+                    f'bad lengths: prefix_lens={list(prefix_lens)}, seq_lens={list(seq_lens)}'
+                )
+            if end > start and start % p and last % p != (start - 1) % p:
+                raise ValueError(
+                    f'request {i}: last slot {last} does not sit at offset '
+                    f'{(start - 1) % p} of a page (prefix_len {start}, page size {p})'
+                )
+        pages = self._take(num_new_pages(prefix_lens, seq_lens, p))
+        if sum(seq_lens) - sum(prefix_lens) <= _SMALL_EXTEND:
+            return _slots_by_request(prefix_lens, seq_lens, last_slots, pages.tolist(), p)
+        prefix = np.asarray(prefix_lens, dtype=np.int64)
+        seq = np.asarray(seq_lens, dtype=np.int64)
+        prefix_pages = num_pages_for(prefix, p)
+        return _slots_for_extend(
+            prefix,
+            seq - prefix,
+            prefix_pages,
+            num_pages_for(seq, p) - prefix_pages,
+            np.asarray(last_slots, dtype=np.int64),
+            pages,
+            p,
+        )
 
     def allocate_decode(self, *, seq_lens: torch.Tensor, last_slots: torch.Tensor) -> torch.Tensor:
         """One slot per request for position ``seq_lens[i]`` (the next token)."""
@@ -190,6 +224,44 @@ class PagedTokenAllocator:
 
 def _as_numpy(values: torch.Tensor) -> np.ndarray:
     return values.detach().to(torch.int64).reshape(-1).numpy()
+
+
+def _as_ints(values: torch.Tensor | Sequence[int]) -> list[int]:
+    if isinstance(values, torch.Tensor):
+        return values.detach().to(torch.int64).reshape(-1).tolist()
+    return [int(v) for v in values]
+
+
+def _slots_by_request(
+    prefix_lens: Sequence[int],
+    seq_lens: Sequence[int],
+    last_slots: Sequence[int],
+    pages: list[int],
+    page_size: int,
+) -> np.ndarray:
+    """``_slots_for_extend`` for a few tokens: one Python step per request and page."""
+    slots: list[int] = []
+    next_page = 0
+    for start, end, last in zip(prefix_lens, seq_lens, last_slots, strict=True):
+        if end - start == 1:  # one token (a decode step): the next slot, or a new page
+            if start % page_size:
+                slots.append(last + 1)
+            else:
+                slots.append(pages[next_page] * page_size)
+                next_page += 1
+            continue
+        pos = start
+        if pos % page_size and end > pos:  # finish the prefix's partial last page
+            run = min(end - pos, page_size - pos % page_size)
+            slots.extend(range(last + 1, last + 1 + run))
+            pos += run
+        while pos < end:
+            base = pages[next_page] * page_size
+            next_page += 1
+            run = min(end - pos, page_size)
+            slots.extend(range(base, base + run))
+            pos += run
+    return np.array(slots, dtype=np.int64)
 
 
 def _slots_for_extend(

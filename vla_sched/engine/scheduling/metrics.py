@@ -159,8 +159,8 @@ class SchedulerMetrics:
 
     def record_itl(self, robot_id: str | None, itl_ns: int) -> None:
         self.itl.add(itl_ns)
-        if (robot := self._robot_of(robot_id)) is not None:
-            robot.itl.add(itl_ns)
+        if robot_id is not None:
+            self.robot(robot_id).itl.add(itl_ns)
 
     def record_step_done(self, robot_id: str | None, arrival_to_finish_ns: int) -> None:
         """A step completed ``arrival_to_finish_ns`` after its first ``add_request``."""

@@ -147,7 +147,7 @@ class Req:
     times: ReqTimes = field(init=False, default_factory=ReqTimes)
 
     def __post_init__(self) -> None:
-        self.origin_input_ids = tuple(int(t) for t in self.origin_input_ids)
+        self.origin_input_ids = tuple(map(int, self.origin_input_ids))
         self.images = tuple(self.images)
         if not self.origin_input_ids:
             raise ValueError(f'request {self.rid!r} has an empty prompt')
@@ -180,14 +180,17 @@ class Req:
         """Token ids of positions ``[start, end)`` of prompt + outputs."""
         end = self.num_fill_tokens if end is None else end
         num_prompt = len(self.origin_input_ids)
+        if start >= num_prompt:  # outputs only (a decode step's input)
+            return self.output_ids[start - num_prompt : max(end - num_prompt, 0)]
         head = list(self.origin_input_ids[start : min(end, num_prompt)])
         tail = self.output_ids[max(start - num_prompt, 0) : max(end - num_prompt, 0)]
         return head + tail
 
     def append_output(self, token_ids: Sequence[int]) -> None:
         """Append sampled tokens to the outputs and to the radix key."""
-        self.output_ids.extend(int(t) for t in token_ids)
-        self.kv.append_tokens(list(token_ids))
+        ids = [int(t) for t in token_ids]
+        self.output_ids += ids
+        self.kv.append_tokens(ids)
 
     @property
     def num_remaining_tokens(self) -> int:
