@@ -73,6 +73,7 @@ class ResultProcessor:
             )
         now = self.clock()
         num_prefill_rows = len(batch.reqs) - batch.num_decoding_rows if batch.is_extend else 0
+        expected = 1 if batch.is_extend else fb.num_decode_steps
         for i, req in enumerate(batch.reqs):
             if self._is_stale(batch, i):
                 continue
@@ -80,7 +81,6 @@ class ResultProcessor:
                 req.inflight_middle_chunks -= 1
                 continue
             tokens = output.tokens_of(i)
-            expected = 1 if batch.is_extend else fb.num_decode_steps
             if len(tokens) != expected or min(tokens) < 0:
                 raise RuntimeError(
                     f'{req.describe()}: the runner returned tokens {list(tokens)} for a step '
