@@ -10,6 +10,12 @@ on a 2-core machine; ``vla_sched.ros.demo`` runs each robot as a process instead
 ``start_window`` starts fresh logs; ``end_window`` returns a ``FleetWindow``: chunks,
 latency samples (now minus the chunk's stamp, the image stamp), the server's own timing of
 each chunk, deadline misses and refusals of every robot during the window only.
+
+The robots publish what ``vla_sched.ros.sim_robot`` publishes, frame for frame, as cheaply
+as they can: each robot draws ``synthetic_frame(i)`` from a gradient it computed once
+(``FrameSource``: the same bytes, a new square and blue level every tick, so every frame is
+a new image to the engine), and its nodes have no parameter services and no QoS event
+handlers, which rclpy's executor would walk on every wake-up.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from typing import Any
 
 import numpy as np
 import rclpy
+from rclpy.event_handler import PublisherEventCallbacks, SubscriptionEventCallbacks
 from rclpy.executors import SingleThreadedExecutor
 from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
 from rclpy.qos import qos_profile_sensor_data as sensor_qos
@@ -32,9 +39,30 @@ from std_msgs.msg import String
 from vla_sched.msg import ActionChunk, StepRejected
 from vla_sched.ros.conversions import rgb_to_image, stamp_to_ns
 from vla_sched.ros.sim_robot import DEFAULT_JOINTS, SimRobotLog, joint_state
-from vla_sched.synthetic_frames import synthetic_frame
 
 STAGES = ('queue', 'prefill', 'decode', 'total')
+
+
+class FrameSource:
+    """``synthetic_frame(index, width=width, height=height)`` for any index, from the
+    gradient drawn once: each frame copies it and draws its blue level and square."""
+
+    def __init__(self, *, width: int, height: int) -> None:
+        self.width, self.height = width, height
+        ys, xs = np.mgrid[0:height, 0:width]
+        self._gradient = np.zeros((height, width, 3), dtype=np.uint8)
+        self._gradient[..., 0] = (xs * 255 // max(1, width - 1)).astype(np.uint8)
+        self._gradient[..., 1] = (ys * 255 // max(1, height - 1)).astype(np.uint8)
+        self._side = max(2, min(width, height) // 4)
+
+    def frame(self, index: int) -> np.ndarray:
+        frame = self._gradient.copy()
+        frame[..., 2] = (index * 7) % 256
+        side = self._side
+        x0 = (index * 3) % max(1, self.width - side)
+        y0 = (index * 2) % max(1, self.height - side)
+        frame[y0 : y0 + side, x0 : x0 + side] = (255, 255, 255)
+        return frame
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,31 +124,43 @@ class FleetRobot:
     def __init__(self, context, robot_id: str, config: FleetConfig) -> None:
         self.robot_id = robot_id
         self.config = config
-        self.node = rclpy.create_node(f'sim_{robot_id}', namespace=robot_id, context=context)
+        self.node = rclpy.create_node(
+            f'sim_{robot_id}', namespace=robot_id, context=context, start_parameter_services=False
+        )
         self.log = SimRobotLog(robot_id)
         self.latencies_ms: list[float] = []
         self.stages_ms: dict[str, list[float]] = {k: [] for k in STAGES}
         self.num_frames = 0
-        self._images = self.node.create_publisher(Image, 'camera/image_raw', sensor_qos)
-        self._joints = self.node.create_publisher(JointState, 'joint_states', sensor_qos)
+        self._frames = FrameSource(width=config.width, height=config.height)
+        quiet_pub = PublisherEventCallbacks(use_default_callbacks=False)
+        quiet_sub = SubscriptionEventCallbacks(use_default_callbacks=False)
+        self._images = self.node.create_publisher(
+            Image, 'camera/image_raw', sensor_qos, event_callbacks=quiet_pub
+        )
+        self._joints = self.node.create_publisher(
+            JointState, 'joint_states', sensor_qos, event_callbacks=quiet_pub
+        )
         latched = QoSProfile(
             depth=1,
             reliability=ReliabilityPolicy.RELIABLE,
             durability=DurabilityPolicy.TRANSIENT_LOCAL,
         )
-        instruction = self.node.create_publisher(String, 'vla/instruction', latched)
+        instruction = self.node.create_publisher(
+            String, 'vla/instruction', latched, event_callbacks=quiet_pub
+        )
         instruction.publish(String(data=config.instruction))
-        self.node.create_subscription(ActionChunk, 'vla/action_chunk', self._on_chunk, 10)
-        self.node.create_subscription(StepRejected, 'vla/step_rejected', self._on_rejected, 10)
+        self.node.create_subscription(
+            ActionChunk, 'vla/action_chunk', self._on_chunk, 10, event_callbacks=quiet_sub
+        )
+        self.node.create_subscription(
+            StepRejected, 'vla/step_rejected', self._on_rejected, 10, event_callbacks=quiet_sub
+        )
         self.node.create_timer(1.0 / config.camera_rate_hz, self._publish_frame)
 
     def _publish_frame(self) -> None:
-
         stamp = self.node.get_clock().now().to_msg()
         self._joints.publish(joint_state(DEFAULT_JOINTS, time.monotonic(), stamp))
-        frame = synthetic_frame(
-            self.num_frames, width=self.config.width, height=self.config.height
-        )
+        frame = self._frames.frame(self.num_frames)
         self._images.publish(rgb_to_image(frame, stamp=stamp, frame_id=f'{self.robot_id}_camera'))
         self.num_frames += 1
         self.log.num_images += 1

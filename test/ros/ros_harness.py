@@ -130,11 +130,14 @@ class Harness:
             self.executor.spin_once(timeout_sec=min(0.05, left))
         return True
 
-    def wait_matched(self, timeout_s: float = 30.0) -> bool:
-        """Until the node subscribes every robot's topics."""
+    def wait_matched(self, timeout_s: float = 30.0, *, joints: bool = True) -> bool:
+        """Until the node subscribes every robot's topics (``joints=False``: but its
+        ``joint_states``, which the node subscribes only for robots with state joints)."""
 
         def matched() -> bool:
-            pubs = [*self.images.values(), *self.joints.values(), *self.instructions.values()]
+            pubs = [*self.images.values(), *self.instructions.values()]
+            if joints:
+                pubs.extend(self.joints.values())
             return all(p.get_subscription_count() > 0 for p in pubs)
 
         return self.spin_until(matched, timeout_s)

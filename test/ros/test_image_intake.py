@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from vla_sched.ros.conversions import ImageError
-from vla_sched.ros.image_intake import Converted, ImageIntake
+from vla_sched.ros.image_intake import Converted, ImageIntake, run_conversion
 
 WAIT_S = 30.0  # only a hang reaches this
 
@@ -118,3 +118,36 @@ def test_after_close_nothing_is_taken_and_the_workers_have_stopped():
     assert not any(worker.is_alive() for worker in intake._workers)
     with pytest.raises(RuntimeError, match='closed'):
         intake.submit('a', lambda: _image(1), stamp_ns=1, received_ns=1)
+
+
+def test_holds_says_whether_a_robots_image_is_waiting_or_in_conversion():
+    intake, results = _intake(num_workers=1)
+    started, release = threading.Event(), threading.Event()
+    try:
+        assert not intake.holds('a')
+        intake.submit('a', _blocked(started, release, 1), stamp_ns=1, received_ns=1)
+        assert started.wait(WAIT_S)
+        assert intake.holds('a') and not intake.holds('b')  # in conversion
+        intake.submit('a', lambda: _image(2), stamp_ns=2, received_ns=2)
+        release.set()
+        results.wait_for(2)
+        assert not intake.holds('a')
+    finally:
+        intake.close()
+
+
+def test_a_conversion_run_at_once_reports_errors_as_the_workers_do():
+    def malformed() -> np.ndarray:
+        raise ImageError('image step 5 is smaller than width*channels')
+
+    def broken() -> np.ndarray:
+        raise KeyError('encoding')
+
+    good = run_conversion('a', lambda: _image(7), stamp_ns=3, received_ns=4)
+    assert good.robot_id == 'a' and (good.stamp_ns, good.received_ns) == (3, 4)
+    assert int(good.image[0, 0, 0]) == 7 and good.error == ''
+    bad = run_conversion('a', malformed, stamp_ns=5, received_ns=6)
+    assert bad.image is None and bad.error == 'image step 5 is smaller than width*channels'
+    crashed = run_conversion('a', broken, stamp_ns=7, received_ns=8)
+    assert crashed.image is None
+    assert crashed.error == "image conversion failed: KeyError: 'encoding'"

@@ -16,6 +16,7 @@ Every refusal raises ``ConversionError`` (or a subclass) whose message names the
 
 from __future__ import annotations
 
+import functools
 import math
 import struct
 from collections.abc import Sequence
@@ -51,6 +52,13 @@ class StateError(ConversionError):
 
 class InstructionError(ConversionError):
     """Empty or over-long instruction."""
+
+
+@functools.cache
+def _bridge() -> CvBridge:
+    """One bridge for every conversion: it holds only lookup tables, filled when it is made
+    (a new one per image cost more than the conversion), and only reads them after."""
+    return CvBridge()
 
 
 def image_to_rgb(msg: Image, *, max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS) -> np.ndarray:
@@ -92,7 +100,7 @@ def _decode_checked(msg: Image, *, height: int, width: int, row_len: int) -> np.
         # Hand cv_bridge a packed copy (8-bit data has no byte order).
         msg = _packed_copy(msg, height=height, width=width, row_len=row_len)
     try:
-        rgb = CvBridge().imgmsg_to_cv2(msg, desired_encoding='rgb8')
+        rgb = _bridge().imgmsg_to_cv2(msg, desired_encoding='rgb8')
     except CvBridgeError as exc:
         raise ImageError(f'cv_bridge cannot convert {msg.encoding}: {exc}') from exc
     if rgb.shape != (height, width, 3) or rgb.dtype != np.uint8:
@@ -218,7 +226,7 @@ def compressed_to_rgb(
             f'limits.max_image_pixels is {max_pixels}'
         )
     try:
-        rgb = CvBridge().compressed_imgmsg_to_cv2(msg, desired_encoding='rgb8')
+        rgb = _bridge().compressed_imgmsg_to_cv2(msg, desired_encoding='rgb8')
     except (CvBridgeError, cv2.error) as exc:
         raise ImageError(f'compressed image cannot be decoded: {exc}') from exc
     if rgb is None or rgb.ndim != 3 or rgb.shape[2] != 3:

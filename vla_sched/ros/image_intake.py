@@ -11,6 +11,10 @@ heartbeat for every robot. ``ImageIntake`` runs the conversions on a few worker 
   slow to convert delays the others by at most one conversion per worker;
 - a conversion that raises becomes an error result; the workers never stop on one.
 
+``run_conversion`` runs one conversion the same way on the caller's thread, for an image too
+small to be worth a thread (``holds`` says whether its robot still has one here, which must
+come back first).
+
 Results are collected with ``take`` on the caller's thread; ``on_ready`` is called (from a
 worker) after each result, e.g. to wake an executor. Nothing here knows about ROS.
 """
@@ -102,6 +106,11 @@ class ImageIntake:
             results, self._results = self._results, []
         return results
 
+    def holds(self, robot_id: str) -> bool:
+        """Whether an image of ``robot_id`` is waiting or in conversion."""
+        with self._lock:
+            return robot_id in self._waiting or robot_id in self._converting
+
     @property
     def num_waiting(self) -> int:
         with self._lock:
@@ -138,11 +147,20 @@ class ImageIntake:
 
 
 def _run(job: _Job) -> Converted:
+    return run_conversion(
+        job.robot_id, job.convert, stamp_ns=job.stamp_ns, received_ns=job.received_ns
+    )
+
+
+def run_conversion(
+    robot_id: str, convert: Callable[[], np.ndarray], *, stamp_ns: int, received_ns: int
+) -> Converted:
+    """Run ``convert`` now: its image, or the error that any exception it raises becomes."""
     image, error = None, ''
     try:
-        image = job.convert()
+        image = convert()
     except ConversionError as exc:
         error = str(exc)
     except Exception as exc:
         error = f'image conversion failed: {type(exc).__name__}: {exc}'
-    return Converted(job.robot_id, job.stamp_ns, job.received_ns, image, error)
+    return Converted(robot_id, stamp_ns, received_ns, image, error)

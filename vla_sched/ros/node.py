@@ -1,21 +1,17 @@
 """The frontend node: robots' topics in, the engine in the middle, action chunks out.
 
-Per robot (under its namespace) it subscribes ``camera/image_raw`` (sensor-data QoS; or
-``camera/image_raw/compressed``), ``joint_states`` and ``vla/instruction`` (transient local),
-and publishes ``vla/action_chunk``, ``vla/step_rejected`` and, if enabled,
-``vla/joint_trajectory``. It publishes ``/diagnostics`` at ``diagnostics.period_s``.
-
-Callbacks only check and enqueue: camera images are converted (decoded, checked against
-``limits.max_image_pixels`` from their header first) by ``ImageIntake`` worker threads, so a
-slow or hostile image never holds this executor; a guard condition brings each converted
-image back here, into the robot's ``RobotSlot`` (newest observation wins), and a robot that
-is due is sent its step at once. The node polls nothing: the engine client's receiving
-thread triggers another guard condition when the engine's messages arrive (or the engine
-ends), and that wakes the executor to publish results and send the robots that became free
-their next steps. A one-shot timer wakes it when the next ``periodic`` robot falls due, and
-one timer every ``engine.heartbeat_period_s`` sends the node's heartbeat, notices a silent
-engine and restarts a dead one. When the engine dies, every step in flight is answered with
-StepRejected(ENGINE_UNAVAILABLE), nothing it computed is published, and the engine is
+Each robot's topics are in ``robot_topics``; the node publishes ``/diagnostics`` at
+``diagnostics.period_s``. Callbacks only check and enqueue: camera images go through
+``CameraInput`` (small raw images converted at once, compressed and large ones by worker
+threads, so a slow or hostile image never holds this executor) into the robot's
+``RobotSlot`` (newest observation wins), and a robot that is due is sent its step at once.
+The node polls nothing: the engine client's receiving thread triggers a guard condition when
+the engine's messages arrive (or the engine ends), and that wakes the executor to publish
+results and send the robots that became free their next steps. A one-shot timer wakes it
+when the next ``periodic`` robot falls due, and one timer every ``engine.heartbeat_period_s``
+sends the node's heartbeat, notices a silent engine, restarts a dead one and publishes
+/diagnostics when its period has come. When the engine dies, every step in flight is answered
+with StepRejected(ENGINE_UNAVAILABLE), nothing it computed is published, and the engine is
 restarted after ``engine.restart_delay_s``, doubling for each death in a row up to
 ``engine.restart_max_delay_s``.
 
@@ -25,22 +21,15 @@ restarted after ``engine.restart_delay_s``, doubling for each death in a row up 
 from __future__ import annotations
 
 import contextlib
-import functools
 import sys
 from collections.abc import Sequence
 
 import rclpy
 from diagnostic_msgs.msg import DiagnosticArray
-from rclpy.event_handler import PublisherEventCallbacks, SubscriptionEventCallbacks
 from rclpy.exceptions import ParameterException
 from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
 from rclpy.node import Node
-from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
-from rclpy.qos import qos_profile_sensor_data as sensor_qos
 from rclpy.signals import SignalHandlerOptions
-from sensor_msgs.msg import CompressedImage, Image, JointState
-from std_msgs.msg import String
-from trajectory_msgs.msg import JointTrajectory
 
 from vla_sched.ipc.codec import CodecError
 from vla_sched.ipc.messages import (
@@ -51,51 +40,26 @@ from vla_sched.ipc.messages import (
     StepRequest,
     StepResult,
 )
-from vla_sched.msg import ActionChunk, StepRejected
-from vla_sched.ros import diagnostics, outputs, parameters
+from vla_sched.ros import diagnostics, parameters
+from vla_sched.ros.camera_input import CameraInput
 from vla_sched.ros.conversions import (
     ConversionError,
     check_instruction,
-    compressed_to_rgb,
-    image_to_rgb,
     joint_state_to_vector,
     stamp_to_ns,
 )
 from vla_sched.ros.engine_clock import engine_clock
 from vla_sched.ros.engine_link import EngineLink
-from vla_sched.ros.image_intake import Converted, ImageIntake
 from vla_sched.ros.node_config import ConfigError, FrontendConfig
-from vla_sched.ros.robot_slot import Observation, Refusal, RobotSlot, stamp_problem
+from vla_sched.ros.outcomes import Outcomes
+from vla_sched.ros.robot_slot import Refusal, RobotSlot
+from vla_sched.ros.robot_topics import RobotTopics, quiet_publisher
 from vla_sched.ros.shutdown import ShutdownRequest
+from vla_sched.ros.topic_check import PublisherCheck
 from vla_sched.serving.checkpoints import check_model_path
 from vla_sched.serving.engine_client import EngineClient, EngineUnavailable
 
 NODE_NAME = 'vla_sched'
-
-
-def _quiet_publisher() -> PublisherEventCallbacks:
-    """No QoS event handlers: rclpy's executor walks each one on every wake-up, and each of a
-    robot's publishers would add two; a subscriber that does not match logs it itself."""
-    return PublisherEventCallbacks(use_default_callbacks=False)
-
-
-class RobotTopics:
-    """One robot's publishers (subscriptions are kept by the node)."""
-
-    def __init__(self, node: Node, slot: RobotSlot) -> None:
-        ns = slot.config.topic_namespace
-        quiet = _quiet_publisher()
-        self.chunks = node.create_publisher(
-            ActionChunk, f'{ns}/vla/action_chunk', 10, event_callbacks=quiet
-        )
-        self.rejected = node.create_publisher(
-            StepRejected, f'{ns}/vla/step_rejected', 10, event_callbacks=quiet
-        )
-        self.trajectory = None
-        if slot.config.publish_joint_trajectory:
-            self.trajectory = node.create_publisher(
-                JointTrajectory, f'{ns}/vla/joint_trajectory', 10, event_callbacks=quiet
-            )
 
 
 class VlaSchedNode(Node):
@@ -127,16 +91,39 @@ class VlaSchedNode(Node):
         self.slots = {
             r.robot_id: RobotSlot(r, window_s=window_s, created_ns=now) for r in self.config.robots
         }
-        self.topics = {rid: RobotTopics(self, slot) for rid, slot in self.slots.items()}
-        self._converted_ready = self.create_guard_condition(self._take_converted)
-        self.intake = ImageIntake(on_ready=self._wake_for_converted)
-        for slot in self.slots.values():
-            self._subscribe(slot)
+        self.topics: dict[str, RobotTopics] = {}
+        self.outcomes = Outcomes(
+            self.slots, self.topics, late_policy=self.config.late_policy, logger=self.get_logger()
+        )
+        self.camera = CameraInput(
+            self,
+            self.slots,
+            max_pixels=self.config.max_image_pixels,
+            max_future_stamp_s=self.config.max_future_stamp_s,
+            now_ns=self._now_ns,
+            refuse=self.outcomes.refuse,
+            on_new=self._dispatch,
+        )
+        for rid, slot in self.slots.items():
+            self.topics[rid] = RobotTopics(
+                self,
+                slot,
+                on_image=self.camera.on_image,
+                on_joints=self._on_joints,
+                on_instruction=self._on_instruction,
+            )
+        self._publisher_check = PublisherCheck(
+            [watched for topics in self.topics.values() for watched in topics.watched],
+            count_publishers=self.count_publishers,
+            publishers_info=self.get_publishers_info_by_topic,
+        )
         client = (client_factory or _engine_client)(self.config)
         self._engine_spoke = self.create_guard_condition(self._pump)
         client.on_arrival = self._wake_for_engine
         self.link = EngineLink(client, self.config.link)
-        self._diagnostics_pub = self._create_diagnostics_publisher()
+        self._diagnostics_pub = self.create_publisher(
+            DiagnosticArray, '/diagnostics', 10, event_callbacks=quiet_publisher()
+        )
         # Fires only when a periodic robot with an observation waits for its period.
         self._due_timer = self.create_timer(1.0, self._on_due, autostart=False)
         self.link.start()
@@ -144,102 +131,24 @@ class VlaSchedNode(Node):
             f'serving {len(self.slots)} robots {sorted(self.slots)}; engine '
             f'{self.config.link.mode} mode, starting'
         )
-        self.create_timer(self.config.link.heartbeat_period_s, self._pump)
-        self.create_timer(self.config.diagnostics.period_s, self.publish_diagnostics)
+        # One timer for the heartbeat and /diagnostics: one wake-up where two would come.
+        diagnostics_ns = round(self.config.diagnostics.period_s * 1e9)
+        tick_s = min(self.config.link.heartbeat_period_s, self.config.diagnostics.period_s)
+        self._diagnostics_period_ns = diagnostics_ns
+        self._tick_ns = round(tick_s * 1e9)
+        self._diagnostics_due_ns = self._now_ns() + diagnostics_ns
+        self.create_timer(tick_s, self._tick)
 
-    # --- wiring -----------------------------------------------------------------------------
-
-    def _subscribe(self, slot: RobotSlot) -> None:
-        ns = slot.config.topic_namespace
-        if slot.config.image_transport == 'compressed':
-            self.create_subscription(
-                CompressedImage,
-                f'{ns}/camera/image_raw/compressed',
-                lambda msg: self._on_image(slot, msg, compressed=True),
-                sensor_qos,
-            )
-        else:
-            self.create_subscription(
-                Image, f'{ns}/camera/image_raw', lambda msg: self._on_image(slot, msg), sensor_qos
-            )
-        # Sensor QoS (best effort, volatile) matches every publisher, so the QoS event handlers
-        # could only report a wrong message type, which a missing state reports too; the
-        # camera's keep them, as a wrong image type is the common mistake.
-        self.create_subscription(
-            JointState,
-            f'{ns}/joint_states',
-            lambda msg: self._on_joints(slot, msg),
-            sensor_qos,
-            event_callbacks=SubscriptionEventCallbacks(use_default_callbacks=False),
-        )
-        latched = QoSProfile(
-            depth=1,
-            reliability=ReliabilityPolicy.RELIABLE,
-            durability=DurabilityPolicy.TRANSIENT_LOCAL,
-        )
-        self.create_subscription(
-            String, f'{ns}/vla/instruction', lambda msg: self._on_instruction(slot, msg), latched
-        )
-
-    def _create_diagnostics_publisher(self):
-        return self.create_publisher(DiagnosticArray, '/diagnostics', 10)
-
-    # --- callbacks: convert and enqueue -----------------------------------------------------
-
-    def _on_image(self, slot: RobotSlot, msg, *, compressed: bool = False) -> None:
-        now = self._now_ns()
-        stamp = stamp_to_ns(msg.header.stamp)
-        max_future_ns = round(self.config.max_future_stamp_s * 1e9)
-        problem = stamp_problem(stamp, now, max_future_ns=max_future_ns)
-        if problem is not None:
-            self._refuse(slot, FailureReason.MALFORMED_IMAGE, problem, stamp, now)
-            return
-        convert = compressed_to_rgb if compressed else image_to_rgb
-        job = functools.partial(convert, msg, max_pixels=self.config.max_image_pixels)
-        if self.intake.submit(slot.robot_id, job, stamp_ns=stamp, received_ns=now):
-            slot.supersede_unconverted()
-
-    def _wake_for_converted(self) -> None:
-        """Called from an intake worker: wake the executor to take the result."""
-        with contextlib.suppress(Exception):  # the node is being destroyed
-            self._converted_ready.trigger()
-
-    def _take_converted(self) -> None:
-        """Converted images into their slots, refused ones answered, and the robots that
-        are due sent (executor thread)."""
-        for converted in self.intake.take():
-            self._on_converted(self.slots[converted.robot_id], converted)
-        self._dispatch()
-
-    def _on_converted(self, slot: RobotSlot, converted: Converted) -> None:
-        if converted.image is None:
-            self._refuse(
-                slot,
-                FailureReason.MALFORMED_IMAGE,
-                converted.error,
-                converted.stamp_ns,
-                self._now_ns(),
-            )
-            return
-        slot.offer_image(
-            Observation(
-                image=converted.image,
-                stamp_ns=converted.stamp_ns,
-                received_ns=converted.received_ns,
-            )
-        )
+    # --- callbacks: check and enqueue ----------------------------------------------------
 
     def _on_joints(self, slot: RobotSlot, msg) -> None:
-        names = slot.config.state_joint_names
-        if not names:
-            return  # this robot sends no state to the checkpoint
         try:
-            slot.set_state(joint_state_to_vector(msg, names))
+            slot.set_state(joint_state_to_vector(msg, slot.config.state_joint_names))
         except ConversionError as exc:
             slot.refuse_state(str(exc))
             now = self._now_ns()
             stamp = stamp_to_ns(msg.header.stamp) or now
-            self._refuse(slot, FailureReason.INVALID_STATE, str(exc), stamp, now)
+            self.outcomes.refuse(slot, FailureReason.INVALID_STATE, str(exc), stamp, now)
 
     def _on_instruction(self, slot: RobotSlot, msg) -> None:
         try:
@@ -248,7 +157,7 @@ class VlaSchedNode(Node):
             slot.refuse_instruction(str(exc))
             self._close_session(slot.robot_id)
             now = self._now_ns()
-            self._refuse(slot, FailureReason.INVALID_INSTRUCTION, str(exc), now, now)
+            self.outcomes.refuse(slot, FailureReason.INVALID_INSTRUCTION, str(exc), now, now)
             return
         if slot.set_instruction(text):
             self._log_instruction(slot, slot.instruction_changes.add(self._now_ns()))
@@ -285,12 +194,23 @@ class VlaSchedNode(Node):
             self._on_engine_death(polled.died)
         for msg in polled.messages:
             if isinstance(msg, StepResult):
-                self._on_result(msg)
+                self.outcomes.result(msg, self._now_ns(), self.link.info)
             elif isinstance(msg, StepFailure):
-                self._on_failure(msg)
+                self.outcomes.failure(msg, self._now_ns())
             elif isinstance(msg, EngineInfo):
                 self._on_engine_info(msg)
         self._dispatch()
+
+    def _tick(self) -> None:
+        """Every heartbeat period (or diagnostics period, if shorter): the pump's periodic
+        work, and /diagnostics when its period has come (within half a tick)."""
+        self._pump()
+        now = self._now_ns()
+        if now + self._tick_ns // 2 >= self._diagnostics_due_ns:
+            self._diagnostics_due_ns += self._diagnostics_period_ns
+            if self._diagnostics_due_ns <= now:  # fell behind: skip the missed periods
+                self._diagnostics_due_ns = now + self._diagnostics_period_ns
+            self.publish_diagnostics()
 
     def _on_due(self) -> None:
         self._due_timer.cancel()
@@ -314,9 +234,9 @@ class VlaSchedNode(Node):
                 now, budget_ns=budget_ns, num_state=num_state, priority=slot.config.priority
             )
             if isinstance(step, Refusal):
-                self._publish_refusal(step)
+                self.outcomes.publish_refusal(step)
             elif info is None:
-                self._refuse(
+                self.outcomes.refuse(
                     slot,
                     FailureReason.ENGINE_UNAVAILABLE,
                     f'engine {self.link.state}',
@@ -350,55 +270,7 @@ class VlaSchedNode(Node):
         else:
             slot.mark_sent(step)
             return
-        self._refuse(slot, reason, detail, step.stamp_ns, now)
-
-    def _on_result(self, result: StepResult) -> None:
-        slot = self.slots.get(result.robot_id)
-        if slot is None or not slot.owns(result.step_seq):
-            return  # not the step in flight: stale, never published
-        now = self._now_ns()
-        late = slot.is_late(result, now)
-        if late and self.config.late_policy == 'drop':
-            late_ms = max(0.0, (now - slot.in_flight.deadline_ns) / 1e6)
-            self._abandon(slot, FailureReason.DEADLINE_MISSED, f'done {late_ms:.1f} ms late', now)
-            return
-        try:
-            chunk = self._chunk(slot, result, now, late=late)
-        except (ConfigError, ValueError) as exc:
-            self._abandon(slot, FailureReason.INTERNAL_ERROR, str(exc), now)
-            return
-        topics = self.topics[slot.robot_id]
-        topics.chunks.publish(chunk)
-        if topics.trajectory is not None:
-            topics.trajectory.publish(outputs.joint_trajectory(chunk, dt_s=slot.config.dt))
-        slot.finish(result, now, late=late)
-
-    def _chunk(self, slot: RobotSlot, result: StepResult, now: int, *, late: bool):
-        info = self.link.info
-        action_dim = info.action_dim if info is not None else int(result.actions.shape[-1])
-        return outputs.action_chunk(
-            result,
-            slot.config,
-            deadline_ns=slot.in_flight.deadline_ns,
-            published_ns=now,
-            joint_names=slot.config.action_names(action_dim),
-            late=late,
-        )
-
-    def _abandon(self, slot: RobotSlot, reason: FailureReason, detail: str, now: int) -> None:
-        refusal = slot.abandon(reason, detail, now)
-        if refusal is not None:
-            self._publish_refusal(refusal)
-
-    def _on_failure(self, failure: StepFailure) -> None:
-        slot = self.slots.get(failure.robot_id)
-        if slot is None:
-            return
-        refusal = slot.fail(failure, self._now_ns())
-        if refusal is not None:
-            self._publish_refusal(refusal)
-            if failure.reason is FailureReason.KV_POOL_FULL:
-                self.get_logger().warning(f'{slot.robot_id}: {failure.detail}')
+        self.outcomes.refuse(slot, reason, detail, step.stamp_ns, now)
 
     def _on_engine_info(self, info: EngineInfo) -> None:
         if self.link.ready:  # its refusals and downtime are over
@@ -429,24 +301,12 @@ class VlaSchedNode(Node):
             f'(attempt {self.link.restart_attempt})'
         )
         for slot in self.slots.values():
-            self._abandon(slot, FailureReason.ENGINE_UNAVAILABLE, f'engine dead: {why}', now)
+            self.outcomes.abandon(
+                slot, FailureReason.ENGINE_UNAVAILABLE, f'engine dead: {why}', now
+            )
         self.publish_diagnostics()
 
     # --- helpers ------------------------------------------------------------------------------
-
-    def _refuse(
-        self, slot: RobotSlot, reason: FailureReason, detail: str, stamp_ns: int, now: int
-    ) -> None:
-        refusal = slot.refuse(Refusal(slot.robot_id, 0, stamp_ns, reason, detail), now)
-        self._publish_refusal(refusal)
-
-    def _publish_refusal(self, refusal: Refusal) -> None:
-        self.topics[refusal.robot_id].rejected.publish(outputs.step_rejected(refusal))
-        self.get_logger().warning(
-            f'{refusal.robot_id}: step {refusal.step_seq} refused: {refusal.reason.value}: '
-            f'{refusal.detail[:200]}',
-            throttle_duration_sec=1.0,
-        )
 
     def _close_session(self, robot_id: str) -> None:
         if self.link.ready:
@@ -466,6 +326,8 @@ class VlaSchedNode(Node):
         now = self._now_ns()
         for slot in self.slots.values():
             self._log_instruction(slot, slot.instruction_changes.due(now))
+        for problem in self._publisher_check.new_problems():
+            self.get_logger().warning(problem)
         msg = diagnostics.diagnostic_array(
             self.link.view(),
             [slot.view(now) for slot in self.slots.values()],
@@ -477,7 +339,7 @@ class VlaSchedNode(Node):
 
     def close(self) -> None:
         """Stop the image workers and the engine (its process too); free the runtime folder."""
-        self.intake.close()
+        self.camera.close()
         self.link.close()
 
 

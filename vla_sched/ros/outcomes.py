@@ -1,0 +1,110 @@
+"""What each robot is told about its steps: a chunk (and trajectory), or a StepRejected.
+
+``Outcomes`` turns the engine's results and failures, and the node's own refusals, into the
+messages published on the robot's topics, and keeps the robot's slot in step with them:
+
+- a result is published only for the robot's step in flight (anything else is stale);
+- a late result is refused (``DEADLINE_MISSED``) under ``late_policy: drop``, else published
+  marked late;
+- a result that cannot become a chunk (actions of the wrong shape, non-finite, action names
+  that do not fit) ends its step with ``INTERNAL_ERROR``;
+- every refusal is published, and logged at most once a second (the check is made here:
+  rclpy's own throttle inspects the caller's frame on every call, even one it drops).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+
+from rclpy.impl.rcutils_logger import RcutilsLogger
+
+from vla_sched.ipc.messages import EngineInfo, FailureReason, StepFailure, StepResult
+from vla_sched.ros import outputs
+from vla_sched.ros.node_config import ConfigError
+from vla_sched.ros.robot_slot import Refusal, RobotSlot
+from vla_sched.ros.robot_topics import RobotTopics
+
+MAX_LOGGED_DETAIL_CHARS = 200
+REFUSAL_LOG_INTERVAL_S = 1.0  # at most one log line about refusals this often
+
+
+class Outcomes:
+    """Publishes the robots' outcomes (see the module docstring)."""
+
+    def __init__(
+        self,
+        slots: Mapping[str, RobotSlot],
+        topics: Mapping[str, RobotTopics],
+        *,
+        late_policy: str,
+        logger: RcutilsLogger,
+    ) -> None:
+        self._slots = slots
+        self._topics = topics
+        self._late_policy = late_policy
+        self._logger = logger
+        self._next_refusal_log_s = float('-inf')
+
+    def result(self, result: StepResult, now: int, info: EngineInfo | None) -> None:
+        """Publish ``result``'s chunk if it is its robot's step in flight."""
+        slot = self._slots.get(result.robot_id)
+        if slot is None or not slot.owns(result.step_seq):
+            return  # not the step in flight: stale, never published
+        late = slot.is_late(result, now)
+        if late and self._late_policy == 'drop':
+            late_ms = max(0.0, (now - slot.in_flight.deadline_ns) / 1e6)
+            self.abandon(slot, FailureReason.DEADLINE_MISSED, f'done {late_ms:.1f} ms late', now)
+            return
+        action_dim = info.action_dim if info is not None else int(result.actions.shape[-1])
+        try:
+            chunk = outputs.action_chunk(
+                result,
+                slot.config,
+                deadline_ns=slot.in_flight.deadline_ns,
+                published_ns=now,
+                joint_names=slot.config.action_names(action_dim),
+                late=late,
+            )
+        except (ConfigError, ValueError) as exc:
+            self.abandon(slot, FailureReason.INTERNAL_ERROR, str(exc), now)
+            return
+        topics = self._topics[slot.robot_id]
+        topics.chunks.publish(chunk)
+        if topics.trajectory is not None:
+            topics.trajectory.publish(outputs.joint_trajectory(chunk, dt_s=slot.config.dt))
+        slot.finish(result, now, late=late)
+
+    def failure(self, failure: StepFailure, now: int) -> None:
+        """Publish the engine's failure of a robot's step in flight."""
+        slot = self._slots.get(failure.robot_id)
+        if slot is None:
+            return
+        refusal = slot.fail(failure, now)
+        if refusal is not None:
+            self.publish_refusal(refusal)
+            if failure.reason is FailureReason.KV_POOL_FULL:
+                self._logger.warning(f'{slot.robot_id}: {failure.detail}')
+
+    def abandon(self, slot: RobotSlot, reason: FailureReason, detail: str, now: int) -> None:
+        """End the robot's step in flight, if any, with a refusal."""
+        refusal = slot.abandon(reason, detail, now)
+        if refusal is not None:
+            self.publish_refusal(refusal)
+
+    def refuse(
+        self, slot: RobotSlot, reason: FailureReason, detail: str, stamp_ns: int, now: int
+    ) -> None:
+        """Refuse an input stamped ``stamp_ns`` that never became a step."""
+        self.publish_refusal(slot.refuse(Refusal(slot.robot_id, 0, stamp_ns, reason, detail), now))
+
+    def publish_refusal(self, refusal: Refusal) -> None:
+        self._topics[refusal.robot_id].rejected.publish(outputs.step_rejected(refusal))
+        now_s = time.monotonic()
+        if now_s < self._next_refusal_log_s:
+            return
+        self._next_refusal_log_s = now_s + REFUSAL_LOG_INTERVAL_S
+        self._logger.warning(
+            f'{refusal.robot_id}: step {refusal.step_seq} refused: {refusal.reason.value}: '
+            f'{refusal.detail[:MAX_LOGGED_DETAIL_CHARS]}'
+        )
