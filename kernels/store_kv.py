@@ -7,7 +7,7 @@ of a fused QKV projection) as long as their last dimension has stride 1.
 
 Three entry points share one contract:
 - ``store_kv``: the Triton launcher (one program per token, all heads at once).
-- ``store_kv_ref``: the torch reference (an indexed copy).
+- ``store_kv_ref``: the torch reference (an indexed copy, ``write_kv``, after its checks).
 - ``run_store_kv``: picks one of the two ('auto': Triton on CUDA, torch elsewhere).
 """
 
@@ -76,9 +76,21 @@ def store_kv_ref(
     _check_store_inputs(k=k, v=v, k_cache=k_cache, v_cache=v_cache, out_cache_loc=out_cache_loc)
     if check_values:
         _check_store_locations(out_cache_loc, k_cache.shape[0])
-    locations = out_cache_loc.long()
-    k_cache[locations] = k
-    v_cache[locations] = v
+    write_kv(k=k, v=v, k_cache=k_cache, v_cache=v_cache, locations=out_cache_loc.long())
+
+
+def write_kv(
+    *,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    locations: torch.Tensor,
+) -> None:
+    """The write of :func:`store_kv_ref` without its checks: ``locations`` int64, distinct
+    and in range, checked by the caller once for every layer."""
+    k_cache.index_copy_(0, locations, k)
+    v_cache.index_copy_(0, locations, v)
 
 
 def store_kv(

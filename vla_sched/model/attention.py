@@ -2,7 +2,9 @@
 
 The metadata is built once per step (on the device) and passed to every layer as an
 argument; each layer stores its new K/V into the paged cache and then attends through the
-engine's slot table with the ``vla_sched.kernels`` dispatchers.
+engine's slot table with the ``vla_sched.kernels`` dispatchers. On the torch reference
+path with values the caller checked, ``build`` also works out once per step which slots
+every layer reads (``ReferencePlan``), and each layer runs only the reference arithmetic.
 """
 
 from __future__ import annotations
@@ -11,9 +13,20 @@ from dataclasses import dataclass
 
 import torch
 
-from vla_sched.kernels.decode_attention import decode_attention, run_decode_attention
-from vla_sched.kernels.extend_attention import run_extend_attention
-from vla_sched.kernels.store_kv import run_store_kv
+from vla_sched.kernels.decode_attention import (
+    DecodeReads,
+    decode_attention,
+    decode_attention_over_reads,
+    decode_reads,
+    run_decode_attention,
+)
+from vla_sched.kernels.extend_attention import (
+    ExtendRun,
+    extend_attention_over_runs,
+    extend_runs,
+    run_extend_attention,
+)
+from vla_sched.kernels.store_kv import run_store_kv, write_kv
 from vla_sched.model.transfer import to_device
 
 
@@ -56,6 +69,15 @@ class DecodeScratch:
 
 
 @dataclass(frozen=True, slots=True, eq=False)
+class ReferencePlan:
+    """What every layer of a step reads on the torch reference path, worked out once: the
+    decode reads, or the extend runs (exactly one of the two)."""
+
+    decode: DecodeReads | None = None
+    extend: list[ExtendRun] | None = None
+
+
+@dataclass(frozen=True, slots=True, eq=False)
 class AttentionMetadata:
     """Where one step's tokens go and what they attend to (all tensors on the device).
 
@@ -77,6 +99,7 @@ class AttentionMetadata:
     backend: str = 'auto'
     decode_scratch: DecodeScratch | None = None
     check_values: bool = True  # False: the caller checked slots and lengths (the runner)
+    reference_plan: ReferencePlan | None = None  # torch path, checked values: per step
 
     @property
     def num_tokens(self) -> int:
@@ -97,22 +120,57 @@ class AttentionMetadata:
         image_spans: torch.Tensor | None = None,
         check_values: bool = True,
     ) -> AttentionMetadata:
-        """Derive positions and offsets from CPU lengths and move everything to ``device``."""
-        prefix_lens = prefix_lens.to(torch.int64)
-        extend_lens = extend_lens.to(torch.int64)
-        positions, extend_start_loc = extend_positions(prefix_lens, extend_lens)
-        max_extend_len = int(extend_lens.max()) if extend_lens.numel() else 0
+        """Derive positions and offsets from CPU lengths and move everything to ``device``.
+
+        With ``check_values`` False (the caller checked every slot, row and length) and the
+        torch reference backend, the slots every layer reads are worked out here, once.
+        """
+        prefix_lens, extend_lens = _int64(prefix_lens), _int64(extend_lens)
+        num_tokens, num_reqs = int(out_cache_loc.shape[0]), int(extend_lens.shape[0])
+        if is_decode and num_tokens == num_reqs:
+            # One token per request: each sits at its prefix length.
+            positions = prefix_lens
+            extend_start_loc = torch.arange(num_reqs, dtype=torch.int64)
+            max_extend_len = 1
+        else:
+            positions, extend_start_loc = extend_positions(
+                prefix_lens, extend_lens, num_tokens=num_tokens
+            )
+            max_extend_len = int(extend_lens.max()) if num_tokens else 0
 
         def put(t: torch.Tensor) -> torch.Tensor:
             return to_device(t, device)
 
+        seq_lens = prefix_lens + extend_lens
+        req_pool_indices = put(_int64(req_pool_indices))
+        device_seq_lens = put(seq_lens)
+        plan = None
+        on_reference = backend == 'torch' or (backend == 'auto' and device.type != 'cuda')
+        if not check_values and num_tokens and on_reference:
+            if is_decode:
+                reads = decode_reads(
+                    req_to_token=req_to_token,
+                    req_pool_indices=req_pool_indices,
+                    seq_lens=device_seq_lens,
+                )
+                plan = ReferencePlan(decode=reads)
+            else:
+                runs = extend_runs(
+                    req_to_token=req_to_token,
+                    req_pool_indices=req_pool_indices,
+                    prefix_lens=prefix_lens,
+                    extend_lens=extend_lens,
+                    extend_start_loc=extend_start_loc,
+                    image_spans=image_spans,
+                )
+                plan = ReferencePlan(extend=runs)
         return cls(
             is_decode=is_decode,
             positions=put(positions),
-            out_cache_loc=put(out_cache_loc.to(torch.int64)),
+            out_cache_loc=put(_int64(out_cache_loc)),
             req_to_token=req_to_token,
-            req_pool_indices=put(req_pool_indices.to(torch.int64)),
-            seq_lens=put(prefix_lens + extend_lens),
+            req_pool_indices=req_pool_indices,
+            seq_lens=device_seq_lens,
             prefix_lens=put(prefix_lens),
             extend_lens=put(extend_lens),
             extend_start_loc=put(extend_start_loc),
@@ -120,17 +178,27 @@ class AttentionMetadata:
             image_spans=None if image_spans is None else put(image_spans.to(torch.int64)),
             backend=backend,
             check_values=check_values,
+            reference_plan=plan,
         )
 
 
+def _int64(t: torch.Tensor) -> torch.Tensor:
+    return t if t.dtype == torch.int64 else t.to(torch.int64)
+
+
 def extend_positions(
-    prefix_lens: torch.Tensor, extend_lens: torch.Tensor
+    prefix_lens: torch.Tensor, extend_lens: torch.Tensor, *, num_tokens: int | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Each new token's position ``[T]`` and each request's first row ``[B]`` (int64, on the
-    lengths' device): request ``i``'s tokens sit at ``prefix_lens[i] ...`` back to back."""
+    lengths' device): request ``i``'s tokens sit at ``prefix_lens[i] ...`` back to back.
+    ``num_tokens`` is ``T`` when the caller knows it (else a host sync works it out)."""
+    if num_tokens is None:
+        num_tokens = int(extend_lens.sum())
     extend_start_loc = torch.cumsum(extend_lens, 0) - extend_lens
-    starts = torch.repeat_interleave(prefix_lens - extend_start_loc, extend_lens)
-    positions = torch.arange(int(extend_lens.sum()), dtype=torch.int64) + starts
+    starts = torch.repeat_interleave(
+        prefix_lens - extend_start_loc, extend_lens, output_size=num_tokens
+    )
+    positions = torch.arange(num_tokens, dtype=torch.int64, device=extend_lens.device) + starts
     return positions, extend_start_loc
 
 
@@ -155,6 +223,16 @@ def paged_attention(
     Returns:
         [T, Hq, Dv] attention output in ``q.dtype``.
     """
+    plan = meta.reference_plan
+    if plan is not None:
+        write_kv(k=k, v=v, k_cache=k_cache, v_cache=v_cache, locations=meta.out_cache_loc)
+        if plan.decode is not None:
+            return decode_attention_over_reads(
+                q=q, k_cache=k_cache, v_cache=v_cache, reads=plan.decode, sm_scale=sm_scale
+            )
+        return extend_attention_over_runs(
+            q=q, k=k, v=v, k_cache=k_cache, v_cache=v_cache, runs=plan.extend, sm_scale=sm_scale
+        )
     run_store_kv(
         k=k,
         v=v,

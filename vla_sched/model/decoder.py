@@ -4,6 +4,9 @@ Tokens of all requests in a step are packed back to back (``[T, hidden]``, no pa
 positions, cache slots and what each token attends to come from ``AttentionMetadata``.
 Parameter names match transformers' ``LlamaModel``/``Qwen2Model`` (``layers.0.self_attn
 .q_proj.weight``, ...), so a checkpoint's tensors load by name.
+
+Inside a step the layers call their parts' ``forward`` directly: the module call machinery
+(hooks, which nothing here registers) would cost more than a small model's matmuls.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from torch.nn import functional as F
 
 from vla_sched.model.architecture import DecoderSpec
 from vla_sched.model.attention import AttentionMetadata, paged_attention
-from vla_sched.model.rope import apply_rope, rope_cos_sin, rope_inv_freq
+from vla_sched.model.rope import RopeTables, apply_rope, rope_inv_freq, rope_tables
 
 KVCache = tuple[torch.Tensor, torch.Tensor]
 
@@ -29,6 +32,8 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         input_dtype = x.dtype
+        if input_dtype == torch.float32:  # no casts to do: the fused op, same arithmetic
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         x32 = x.to(torch.float32)
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x32.to(input_dtype)
@@ -52,18 +57,17 @@ class SelfAttention(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
-        cos_sin: tuple[torch.Tensor, torch.Tensor],
+        rope: RopeTables,
         kv_cache: KVCache,
         meta: AttentionMetadata,
     ) -> torch.Tensor:
         spec = self.spec
         num_tokens = x.shape[0]
-        q = self.q_proj(x).view(num_tokens, spec.num_heads, spec.head_dim)
-        k = self.k_proj(x).view(num_tokens, spec.num_kv_heads, spec.head_dim)
-        v = self.v_proj(x).view(num_tokens, spec.num_kv_heads, spec.head_dim)
-        cos, sin = cos_sin
-        q = apply_rope(q, cos, sin)
-        k = apply_rope(k, cos, sin)
+        q = self.q_proj.forward(x).view(num_tokens, spec.num_heads, spec.head_dim)
+        k = self.k_proj.forward(x).view(num_tokens, spec.num_kv_heads, spec.head_dim)
+        v = self.v_proj.forward(x).view(num_tokens, spec.num_kv_heads, spec.head_dim)
+        q = apply_rope(q, rope)
+        k = apply_rope(k, rope)
         out = paged_attention(
             q=q,
             k=k,
@@ -73,7 +77,7 @@ class SelfAttention(nn.Module):
             meta=meta,
             sm_scale=spec.sm_scale,
         )
-        return self.o_proj(out.reshape(num_tokens, spec.q_size))
+        return self.o_proj.forward(out.reshape(num_tokens, spec.q_size))
 
 
 class SwiGLU(nn.Module):
@@ -87,7 +91,8 @@ class SwiGLU(nn.Module):
         self.down_proj = _linear(inner, size, spec.mlp_bias, factory)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate = F.silu(self.gate_proj.forward(x))
+        return self.down_proj.forward(gate * self.up_proj.forward(x))
 
 
 class DecoderLayer(nn.Module):
@@ -103,12 +108,12 @@ class DecoderLayer(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
-        cos_sin: tuple[torch.Tensor, torch.Tensor],
+        rope: RopeTables,
         kv_cache: KVCache,
         meta: AttentionMetadata,
     ) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos_sin, kv_cache, meta)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        x = x + self.self_attn.forward(self.input_layernorm.forward(x), rope, kv_cache, meta)
+        return x + self.mlp.forward(self.post_attention_layernorm.forward(x))
 
 
 class PagedDecoder(nn.Module):
@@ -159,17 +164,32 @@ class PagedDecoder(nn.Module):
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.embed_tokens(input_ids)
 
+    def rope_tables(self, num_positions: int) -> RopeTables:
+        """RoPE tables of positions ``0 .. num_positions - 1`` in the model's dtype, for a
+        caller that looks a step's positions up instead of building them every step."""
+        positions = torch.arange(num_positions, dtype=torch.int64, device=self.device)
+        return rope_tables(positions, self.inv_freq, self.dtype)
+
     def forward(
-        self, inputs_embeds: torch.Tensor, meta: AttentionMetadata, kv_caches: list[KVCache]
+        self,
+        inputs_embeds: torch.Tensor,
+        meta: AttentionMetadata,
+        kv_caches: list[KVCache],
+        *,
+        rope: RopeTables | None = None,
     ) -> torch.Tensor:
-        """Run all layers on ``[T, hidden]`` embeddings; returns the final-normed hidden."""
+        """Run all layers on ``[T, hidden]`` embeddings; returns the final-normed hidden.
+
+        ``rope``: the tables of ``meta.positions`` if the caller has them (else built here).
+        """
         if len(kv_caches) != self.spec.num_layers:
             raise ValueError(f'need {self.spec.num_layers} KV caches, got {len(kv_caches)}')
-        cos_sin = rope_cos_sin(meta.positions, self.inv_freq, inputs_embeds.dtype)
+        if rope is None:
+            rope = rope_tables(meta.positions, self.inv_freq, inputs_embeds.dtype)
         x = inputs_embeds
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            x = layer(x, cos_sin, kv_cache, meta)
-        return self.norm(x)
+            x = layer.forward(x, rope, kv_cache, meta)
+        return self.norm.forward(x)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """LM-head logits in float32."""

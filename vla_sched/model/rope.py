@@ -8,6 +8,7 @@ float32 rounding.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -52,13 +53,37 @@ def rope_cos_sin(
     return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+@dataclass(frozen=True, slots=True, eq=False)
+class RopeTables:
+    """One step's rotation, built once for every layer: ``cos [T, 1, head_dim]`` and
+    ``sin`` with its first half negated (``signed_sin [T, 1, head_dim]``)."""
+
+    cos: torch.Tensor
+    signed_sin: torch.Tensor
+
+    def at(self, rows: torch.Tensor) -> RopeTables:
+        """The rows ``rows [T]`` of tables built for positions ``0, 1, ...``: the tables of
+        those positions, as :func:`rope_tables` would build them (the same elementwise
+        arithmetic on the same inputs), by two lookups."""
+        return RopeTables(
+            cos=self.cos.index_select(0, rows), signed_sin=self.signed_sin.index_select(0, rows)
+        )
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate ``x [T, heads, head_dim]`` by per-token ``cos``/``sin`` ``[T, head_dim]``."""
-    cos = cos[:, None, :]
-    sin = sin[:, None, :]
-    return x * cos + _rotate_half(x) * sin
+def rope_tables(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype) -> RopeTables:
+    """The tables of :func:`apply_rope` for token positions ``[T]``."""
+    cos, sin = rope_cos_sin(positions, inv_freq, dtype)
+    half = sin.shape[-1] // 2
+    signed_sin = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)
+    return RopeTables(cos=cos[:, None, :], signed_sin=signed_sin[:, None, :])
+
+
+def apply_rope(x: torch.Tensor, tables: RopeTables) -> torch.Tensor:
+    """Rotate ``x [T, heads, head_dim]`` by its tokens' tables.
+
+    ``x * cos + rotate_half(x) * sin`` with ``rotate_half(x) = cat(-x2, x1)``: swapping the
+    halves of ``x`` (a roll by half) and negating the first half of ``sin`` instead gives
+    the same products, bit for bit, in fewer operations.
+    """
+    swapped = x.roll(x.shape[-1] // 2, dims=-1)
+    return x * tables.cos + swapped * tables.signed_sin

@@ -2,8 +2,10 @@
 
 The runner owns the per-layer KV buffers (``[num_kv_slots, num_kv_heads, head_dim]``) and a
 device copy of the engine's slot table; it copies the batch's rows of ``req_to_token`` at
-each launch. Images are encoded once per content hash (a small LRU) and the rows a chunk
-covers replace its image placeholder tokens.
+each launch (on the CPU without padded paths a step ends inside ``launch``, so it reads
+the engine's table in place). Images are encoded once per content hash (a small LRU) and
+the rows a chunk covers replace its image placeholder tokens. ``RunnerConfig`` lives in
+``runner_config`` and the padded paths in ``padded_paths``.
 
 For the overlap loop, ``launch`` returns at once on a GPU (results are copied back on the
 side and ``result()`` waits for them), and an input id of ``-1`` stands for the token the
@@ -15,13 +17,11 @@ tokens back once.
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import TypeVar
+from collections.abc import Sequence
 
 import torch
 
+from vla_sched.engine.decode_burst import burst_steps
 from vla_sched.engine.forward_batch import (
     FUTURE_TOKEN_ID,
     ForwardBatch,
@@ -29,8 +29,8 @@ from vla_sched.engine.forward_batch import (
     ForwardOutput,
 )
 from vla_sched.model.attention import AttentionMetadata
-from vla_sched.model.decode_graphs import DecodeGraphs
-from vla_sched.model.prefill_graphs import PrefillGraphs, max_padding
+from vla_sched.model.padded_paths import PaddingSlots, build_padded_paths
+from vla_sched.model.runner_config import RunnerConfig
 from vla_sched.model.sampling import check_sampling_params, sample_next_tokens
 from vla_sched.model.step_inputs import (
     ImageRows,
@@ -41,73 +41,7 @@ from vla_sched.model.step_inputs import (
 )
 from vla_sched.model.transfer import to_device
 from vla_sched.model.vision import FeatureCache, preprocess_image
-from vla_sched.model.vision_graphs import VisionGraphs
 from vla_sched.model.vla_model import VLAModel
-
-logger = logging.getLogger(__name__)
-_Padded = TypeVar('_Padded', PrefillGraphs, VisionGraphs)
-
-
-@dataclass(frozen=True, slots=True)
-class RunnerConfig:
-    """How the runner executes steps.
-
-    Attributes:
-        backend: Kernel backend: ``auto`` (Triton on CUDA, torch references elsewhere),
-            ``triton`` or ``torch``.
-        feature_cache_size: Images whose projected features are kept (by content hash).
-        bidirectional_image_spans: Let image tokens see each other (prefix-LM models); LLaVA
-            checkpoints are causal, so off by default.
-        cuda_graphs: Capture decode steps, prefills and the vision encoder as CUDA graphs
-            (GPU only).
-        decode_batch_sizes: Padded decode batch sizes for the persistent-buffer path.
-        padded_decode: Run decode through the padded persistent-buffer path even without
-            graphs (on by itself whenever ``cuda_graphs`` is).
-        vision_batch_sizes: Padded image counts of the vision encoder's persistent-buffer
-            path; more new images in one step run eagerly.
-        padded_vision: Run the vision encoder through that path even without graphs (on by
-            itself whenever ``cuda_graphs`` is).
-        prefill_token_counts: Padded token counts of the prefill persistent-buffer path;
-            longer prefills (and prefills of more than ``prefill_max_requests`` requests, or
-            with bidirectional image spans) run eagerly.
-        prefill_max_requests: Most requests of a prefill on that path.
-        padded_prefill: Run prefills through that path even without graphs (on by itself
-            whenever ``cuda_graphs`` is).
-        max_kv_splits: Split bound of the Triton decode kernel.
-    """
-
-    backend: str = 'auto'
-    feature_cache_size: int = 64
-    bidirectional_image_spans: bool = False
-    cuda_graphs: bool = False
-    decode_batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
-    padded_decode: bool = False
-    vision_batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
-    padded_vision: bool = False
-    prefill_token_counts: tuple[int, ...] = (
-        *range(64, 513, 64),
-        *range(640, 1025, 128),
-        *range(1280, 2049, 256),
-    )
-    prefill_max_requests: int = 16
-    padded_prefill: bool = False
-    max_kv_splits: int = 8
-
-    def __post_init__(self) -> None:
-        if self.backend not in ('auto', 'triton', 'torch'):
-            raise ValueError(f'unknown backend {self.backend!r}')
-        if self.feature_cache_size < 1:
-            raise ValueError('feature_cache_size must be >= 1')
-        if not self.decode_batch_sizes or min(self.decode_batch_sizes) < 1:
-            raise ValueError(f'bad decode_batch_sizes {self.decode_batch_sizes}')
-        if not self.vision_batch_sizes or min(self.vision_batch_sizes) < 1:
-            raise ValueError(f'bad vision_batch_sizes {self.vision_batch_sizes}')
-        if not self.prefill_token_counts or min(self.prefill_token_counts) < 1:
-            raise ValueError(f'bad prefill_token_counts {self.prefill_token_counts}')
-        if self.prefill_max_requests < 1:
-            raise ValueError('prefill_max_requests must be >= 1')
-        if self.max_kv_splits < 1:
-            raise ValueError('max_kv_splits must be >= 1')
 
 
 class LaunchedStep:
@@ -172,90 +106,34 @@ class ModelRunner:
         self.req_to_token = req_to_token
         self.num_kv_slots = num_kv_slots
         num_rows, max_context_len = req_to_token.shape
-        padded = config.cuda_graphs or config.padded_decode
-        prefill_padded = config.cuda_graphs or config.padded_prefill
-        # Reserved KV slots past the engine's: one per decode padding row, then one per
-        # prefill padding token.
-        num_decode_pad = max(config.decode_batch_sizes) if padded or prefill_padded else 0
-        num_prefill_pad = max_padding(config.prefill_token_counts) if prefill_padded else 0
-        num_pad_slots = num_decode_pad + num_prefill_pad
-        self.kv_caches = model.decoder.allocate_kv_cache(num_kv_slots + num_pad_slots)
+        slots = PaddingSlots.for_config(config, num_kv_slots=num_kv_slots)
+        self.kv_caches = model.decoder.allocate_kv_cache(num_kv_slots + slots.num_slots)
         self._req_to_token_dev = torch.zeros(
             num_rows + 1, max_context_len, dtype=torch.int32, device=self.device
         )
         self._last_tokens = torch.zeros(num_rows, dtype=torch.int64, device=self.device)
         self.feature_cache = FeatureCache(config.feature_cache_size)
-        self.decode_graphs = None
-        if padded:
-            self.decode_graphs = DecodeGraphs(
-                model,
-                self.kv_caches,
-                self._req_to_token_dev,
-                batch_sizes=config.decode_batch_sizes,
-                dummy_row=num_rows,
-                dummy_slots=num_kv_slots,
-                capture=config.cuda_graphs,
-                use_triton=config.cuda_graphs or config.backend == 'triton',
-                max_kv_splits=config.max_kv_splits,
-                backend=config.backend,
-            )
-        self.prefill_graphs = None
-        if prefill_padded:
-            self.prefill_graphs = self._prepare_prefill_graphs(
-                dummy_row=num_rows, first_pad_slot=num_kv_slots + num_decode_pad
-            )
-        self.vision_graphs = self._prepare_vision_graphs()
-
-    def _prepare_prefill_graphs(
-        self, *, dummy_row: int, first_pad_slot: int
-    ) -> PrefillGraphs | None:
-        config = self.config
-
-        def build(capture: bool) -> PrefillGraphs:
-            return PrefillGraphs(
-                self.model.decoder,
-                self.kv_caches,
-                self._req_to_token_dev,
-                token_counts=config.prefill_token_counts,
-                max_requests=config.prefill_max_requests,
-                dummy_row=dummy_row,
-                first_pad_slot=first_pad_slot,
-                capture=capture,
-                backend=config.backend,
-            )
-
-        return self._captured_or_eager(build, 'prefill')
-
-    def _prepare_vision_graphs(self) -> VisionGraphs | None:
-        config = self.config
-        vision = self.model.vision
-        if vision is None or not (config.cuda_graphs or config.padded_vision):
-            return None
-        prep = self.model.spec.preprocessing
-        shape = (len(prep.mean), prep.image_size, prep.image_size)
-
-        def build(capture: bool) -> VisionGraphs:
-            return VisionGraphs(
-                vision,
-                pixel_shape=shape,
-                batch_sizes=config.vision_batch_sizes,
-                device=self.device,
-                output_dtype=self.model.dtype,
-                capture=capture,
-            )
-
-        return self._captured_or_eager(build, 'vision encoder')
-
-    def _captured_or_eager(self, build: Callable[[bool], _Padded], what: str) -> _Padded | None:
-        """The padded path, captured when ``cuda_graphs`` is on; None (eager) when an op of
-        ``what`` cannot be captured."""
-        if not self.config.cuda_graphs:
-            return build(False)
-        try:
-            return build(True)
-        except RuntimeError as exc:
-            logger.warning('%s not captured, it runs eagerly: %s', what, exc)
-            return None
+        paths = build_padded_paths(
+            model,
+            config,
+            self.kv_caches,
+            self._req_to_token_dev,
+            dummy_row=num_rows,
+            slots=slots,
+        )
+        self.decode_graphs = paths.decode
+        self.prefill_graphs = paths.prefill
+        self.vision_graphs = paths.vision
+        self._rope = model.decoder.rope_tables(max_context_len)  # looked up by the eager path
+        # On the CPU, without padded paths, a step runs to its end inside ``launch``: the
+        # engine's slot table cannot change under it, so the eager path reads it in place.
+        self._reads_engine_table = (
+            self.device.type == 'cpu'
+            and self.decode_graphs is None
+            and self.prefill_graphs is None
+            and req_to_token.dtype == torch.int32
+            and req_to_token.is_contiguous()
+        )
 
     @property
     def vocab_size(self) -> int:
@@ -278,12 +156,15 @@ class ModelRunner:
         """Run one step and sample; the tokens stay on the device (``[num sampled]``)."""
         rows, positions = logit_rows(batch)
         logits = self._forward(batch, rows=rows, prepared=prepared)
-        params = [p for p, s in zip(batch.sampling, batch.sample, strict=True) if s]
+        if all(batch.sample):
+            params, pool_rows = batch.sampling, batch.req_pool_indices
+        else:
+            params = [p for p, s in zip(batch.sampling, batch.sample, strict=True) if s]
+            sampled = [i for i in range(batch.batch_size) if batch.sample[i]]
+            pool_rows = batch.req_pool_indices[sampled]
         tokens = sample_next_tokens(logits, params, positions)
-        sampled = [i for i in range(batch.batch_size) if batch.sample[i]]
-        if sampled:
-            pool_rows = to_device(batch.req_pool_indices[sampled], self.device)
-            self._last_tokens[pool_rows] = tokens
+        if positions:
+            self._last_tokens.index_copy_(0, to_device(pool_rows, self.device), tokens)
         return tokens
 
     def forward_logits(self, batch: ForwardBatch) -> torch.Tensor:
@@ -313,8 +194,10 @@ class ModelRunner:
             vocab_size=self.vocab_size,
         )
         pool_rows = batch.req_pool_indices
-        snapshot = self.req_to_token.index_select(0, pool_rows).to(torch.int32)
         pool_rows_dev = to_device(pool_rows, self.device)
+        if self._reads_engine_table:
+            return pool_rows_dev
+        snapshot = self.req_to_token.index_select(0, pool_rows).to(torch.int32)
         self._req_to_token_dev[pool_rows_dev] = to_device(snapshot, self.device)
         return pool_rows_dev
 
@@ -367,27 +250,39 @@ class ModelRunner:
                 extend_lens=batch.extend_lens,
             )
         else:
-            hidden = self.model.decoder(embeds, self._metadata(batch), self.kv_caches)
-        if rows is not None:
+            meta = self._metadata(batch)
+            rope = self._rope.at(meta.positions)
+            hidden = self.model.decoder(embeds, meta, self.kv_caches, rope=rope)
+        if rows is not None and rows.shape[0] != hidden.shape[0]:
+            # (as many rows as tokens: every token's row, in order; nothing to select)
             hidden = hidden[to_device(rows, self.device)]
         return self.model.decoder.logits(hidden)
 
     def _resolve_input_ids(self, batch: ForwardBatch, pool_rows_dev: torch.Tensor) -> torch.Tensor:
         ids = to_device(batch.input_ids, self.device)
-        if not bool((batch.input_ids == FUTURE_TOKEN_ID).any()):
+        low, high = (int(x) for x in batch.input_ids.aminmax())
+        if low != FUTURE_TOKEN_ID:  # no id stands for a sampled token
             return ids
-        token_rows = torch.repeat_interleave(
-            pool_rows_dev, to_device(batch.extend_lens, self.device), output_size=batch.num_tokens
-        )
+        if batch.num_tokens == batch.batch_size:  # one token per request
+            token_rows = pool_rows_dev
+        else:
+            token_rows = torch.repeat_interleave(
+                pool_rows_dev,
+                to_device(batch.extend_lens, self.device),
+                output_size=batch.num_tokens,
+            )
+        if high == FUTURE_TOKEN_ID:  # every id does
+            return self._last_tokens[token_rows]
         return torch.where(ids == FUTURE_TOKEN_ID, self._last_tokens[token_rows], ids)
 
     def _metadata(self, batch: ForwardBatch) -> AttentionMetadata:
         spans = None
         if self.config.bidirectional_image_spans:
             spans = image_spans(batch)
+        table = self.req_to_token if self._reads_engine_table else self._req_to_token_dev
         return AttentionMetadata.build(
             is_decode=batch.forward_mode is ForwardMode.DECODE,
-            req_to_token=self._req_to_token_dev,
+            req_to_token=table,
             req_pool_indices=batch.req_pool_indices,
             prefix_lens=batch.prefix_lens,
             extend_lens=batch.extend_lens,
@@ -439,35 +334,3 @@ class ModelRunner:
         if graphs is not None and graphs.padded_size(pixels.shape[0]) is not None:
             return graphs.encode(pixels)
         return self.model.encode_images(pixels)
-
-
-def burst_steps(batch: ForwardBatch) -> list[ForwardBatch]:
-    """A decode burst of ``k`` steps as its ``k`` single decode steps, in order.
-
-    Step ``j`` decodes position ``prefix_lens + j`` into the ``j``-th of each request's
-    slots; its input ids are the burst's first ids, then ``FUTURE_TOKEN_ID`` (the token the
-    step before sampled).
-    """
-    num_steps, size = batch.num_decode_steps, batch.batch_size
-    ids = batch.input_ids.view(size, num_steps)
-    slots = batch.out_cache_loc.view(size, num_steps)
-    ones = torch.ones(size, dtype=torch.int64)
-    steps = []
-    for j in range(num_steps):
-        prefix = batch.prefix_lens + j
-        steps.append(
-            ForwardBatch(
-                forward_mode=ForwardMode.DECODE,
-                rids=batch.rids,
-                req_pool_indices=batch.req_pool_indices,
-                prefix_lens=prefix,
-                extend_lens=ones,
-                seq_lens=prefix + 1,
-                input_ids=ids[:, j].contiguous(),
-                out_cache_loc=slots[:, j].contiguous(),
-                sample=batch.sample,
-                sampling=batch.sampling,
-                images=batch.images,
-            )
-        )
-    return steps

@@ -58,6 +58,13 @@ def sample_next_tokens(
         raise ValueError('one sampling entry and one position per logits row are needed')
     if num_rows == 0:
         return torch.empty(0, dtype=torch.int64, device=logits.device)
+    start, end = params[0].allowed_token_start, params[0].allowed_token_end
+    if all(
+        p.temperature == 0.0 and p.allowed_token_start == start and p.allowed_token_end == end
+        for p in params
+    ):
+        # All greedy over one range (the usual VLA step): an argmax over that slice.
+        return torch.argmax(logits[:, start:end], dim=-1) + start
     allowed = allowed_token_mask(params, vocab_size, logits.device)
     masked = logits.float().masked_fill(~allowed, float('-inf'))
     tokens = torch.argmax(masked, dim=-1)

@@ -8,7 +8,9 @@ of corrupting another request's KV.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import accumulate
 
+import numpy as np
 import torch
 
 from vla_sched.engine.forward_batch import FUTURE_TOKEN_ID, ForwardBatch, ImageInput
@@ -40,55 +42,90 @@ def check_batch(
 
     Checks rows, lengths and slots against the slot table and the KV capacity, that the
     new tokens' slots are the ones the slot table lists for their positions, and that token
-    ids are in the vocabulary (or ``FUTURE_TOKEN_ID``). Vectorized: a handful of tensor ops
-    whatever the batch size.
+    ids are in the vocabulary (or ``FUTURE_TOKEN_ID``). The slot table and the batch are
+    host tensors, read here as numpy arrays (the same memory): per-request lengths as
+    lists, slots and ids by a handful of array ops whatever the batch size, each a range
+    test first, the offending entry looked up only when it fails.
     """
     batch.check()
+    if not batch.batch_size:
+        return
     num_rows, max_context_len = req_to_token.shape
-    rows, prefix, seq = batch.req_pool_indices, batch.prefix_lens, batch.seq_lens
-    bad_row = (rows < 0) | (rows >= num_rows)
-    if bool(bad_row.any()):
-        i = int(bad_row.nonzero()[0, 0])
+    row_list, prefix_list = batch.req_pool_indices.tolist(), batch.prefix_lens.tolist()
+    extend_list, seq_list = batch.extend_lens.tolist(), batch.seq_lens.tolist()
+    if min(row_list) < 0 or max(row_list) >= num_rows:
+        i = next(i for i, row in enumerate(row_list) if not 0 <= row < num_rows)
         raise IndexError(
-            f'request {batch.rids[i]}: req_pool_index {int(rows[i])} outside [0, {num_rows})'
+            f'request {batch.rids[i]}: req_pool_index {row_list[i]} outside [0, {num_rows})'
         )
-    bad_len = (prefix < 0) | (batch.extend_lens < 1) | (seq > max_context_len)
-    if bool(bad_len.any()):
-        i = int(bad_len.nonzero()[0, 0])
+    max_seq = max(seq_list)
+    if min(prefix_list) < 0 or min(extend_list) < 1 or max_seq > max_context_len:
+        i = next(
+            i
+            for i, (p, e, s) in enumerate(zip(prefix_list, extend_list, seq_list, strict=True))
+            if p < 0 or e < 1 or s > max_context_len
+        )
         raise ValueError(
-            f'request {batch.rids[i]}: prefix_len {int(prefix[i])}, seq_len {int(seq[i])} are '
+            f'request {batch.rids[i]}: prefix_len {prefix_list[i]}, seq_len {seq_list[i]} are '
             f'not a non-empty extend inside the slot table of {max_context_len} positions'
         )
-    table = req_to_token[rows, : int(seq.max())].to(torch.int64)
-    in_use = torch.arange(table.shape[1])[None, :] < seq[:, None]
-    bad_slot = in_use & ((table < 0) | (table >= num_kv_slots))
-    if bool(bad_slot.any()):
-        i, pos = (int(x) for x in bad_slot.nonzero()[0])
-        raise IndexError(
-            f'request {batch.rids[i]}: req_to_token[{int(rows[i])}, {pos}] = '
-            f'{int(table[i, pos])} is outside the KV cache [0, {num_kv_slots})'
-        )
-    token_req = torch.repeat_interleave(torch.arange(batch.batch_size), batch.extend_lens)
-    starts = torch.cumsum(batch.extend_lens, 0) - batch.extend_lens
-    positions = torch.arange(batch.num_tokens) - starts[token_req] + prefix[token_req]
-    mismatch = table[token_req, positions] != batch.out_cache_loc
-    if bool(mismatch.any()):
-        i = int(token_req[mismatch.nonzero()[0, 0]])
+    rows = batch.req_pool_indices.numpy()
+    table = req_to_token.cpu().numpy()[rows, :max_seq]  # the engine's table: on the host
+    unused = None  # positions past a request's length: they may hold anything
+    used = table
+    if min(seq_list) != max_seq:
+        unused = np.arange(max_seq)[None, :] >= batch.seq_lens.numpy()[:, None]
+        used = np.where(unused, 0, table)
+    if used.min() < 0 or used.max() >= num_kv_slots:
+        _raise_bad_slot(batch, table, unused, num_kv_slots)
+    loc = batch.out_cache_loc.numpy()
+    num_tokens = batch.num_tokens
+    prefix = batch.prefix_lens.numpy()
+    if num_tokens == batch.batch_size:  # one token per request, at its prefix length
+        listed = table[np.arange(num_tokens), prefix]
+    else:
+        extend = batch.extend_lens.numpy()
+        token_req = np.repeat(np.arange(batch.batch_size), extend)
+        starts = np.cumsum(extend) - extend
+        positions = np.arange(num_tokens) - starts[token_req] + prefix[token_req]
+        listed = table[token_req, positions]
+    mismatch = listed != loc
+    if mismatch.any():
+        i = _request_of_token(extend_list, int(np.flatnonzero(mismatch)[0]))
         raise ValueError(
             f'request {batch.rids[i]}: out_cache_loc does not match '
-            f'req_to_token[{int(rows[i])}, {int(prefix[i])}:{int(seq[i])}]'
+            f'req_to_token[{row_list[i]}, {prefix_list[i]}:{seq_list[i]}]'
         )
-    loc = batch.out_cache_loc
-    if loc.numel() and torch.unique(loc).numel() != loc.numel():
+    if num_tokens > 1 and np.unique(loc).size != num_tokens:
         raise ValueError('out_cache_loc writes one KV slot twice in this batch')
-    ids = batch.input_ids
-    bad_ids = (ids < FUTURE_TOKEN_ID) | (ids >= vocab_size)
-    if bool(bad_ids.any()):
-        t = int(bad_ids.nonzero()[0, 0])
+    ids = batch.input_ids.numpy()
+    if ids.min() < FUTURE_TOKEN_ID or ids.max() >= vocab_size:
+        t = int(np.flatnonzero((ids < FUTURE_TOKEN_ID) | (ids >= vocab_size))[0])
         raise ValueError(
-            f'request {batch.rids[int(token_req[t])]}: input id {int(ids[t])} outside '
-            f'[0, {vocab_size})'
+            f'request {batch.rids[_request_of_token(extend_list, t)]}: input id '
+            f'{int(ids[t])} outside [0, {vocab_size})'
         )
+
+
+def _raise_bad_slot(
+    batch: ForwardBatch, table: np.ndarray, unused: np.ndarray | None, num_kv_slots: int
+) -> None:
+    bad_slot = (table < 0) | (table >= num_kv_slots)
+    if unused is not None:
+        bad_slot &= ~unused
+    i, pos = (int(x) for x in np.argwhere(bad_slot)[0])
+    raise IndexError(
+        f'request {batch.rids[i]}: req_to_token[{int(batch.req_pool_indices[i])}, {pos}] = '
+        f'{int(table[i, pos])} is outside the KV cache [0, {num_kv_slots})'
+    )
+
+
+def _request_of_token(extend_lens: list[int], token: int) -> int:
+    """The request whose new tokens include packed row ``token``."""
+    for i, end in enumerate(accumulate(extend_lens)):
+        if token < end:
+            return i
+    raise IndexError(f'token {token} is past the batch')
 
 
 def image_rows(
@@ -109,8 +146,9 @@ def image_rows(
     """
     found = []
     token_start = 0
+    prefix_list, seq_list = batch.prefix_lens.tolist(), batch.seq_lens.tolist()
     for i, rid in enumerate(batch.rids):
-        prefix_len, seq_len = int(batch.prefix_lens[i]), int(batch.seq_lens[i])
+        prefix_len, seq_len = prefix_list[i], seq_list[i]
         for image in batch.images[i]:
             if image.num_tokens < 1 or image.token_offset < 0:
                 raise ValueError(f'request {rid}: empty or negative image span of {image}')
@@ -161,7 +199,8 @@ def image_spans(batch: ForwardBatch) -> torch.Tensor:
 
 def logit_rows(batch: ForwardBatch) -> tuple[torch.Tensor, list[int]]:
     """Packed rows of the last new token of each sampling request, and their positions."""
-    ends = torch.cumsum(batch.extend_lens, 0) - 1
-    rows = [int(ends[i]) for i in range(batch.batch_size) if batch.sample[i]]
-    positions = [int(batch.seq_lens[i]) for i in range(batch.batch_size) if batch.sample[i]]
+    ends = accumulate(batch.extend_lens.tolist())
+    seq_list = batch.seq_lens.tolist()
+    rows = [end - 1 for end, sample in zip(ends, batch.sample, strict=True) if sample]
+    positions = [seq for seq, sample in zip(seq_list, batch.sample, strict=True) if sample]
     return torch.tensor(rows, dtype=torch.int64), positions

@@ -12,6 +12,8 @@ def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
     pinned memory first keeps ``launch`` from waiting for the previous step on the GPU. The
     caching host allocator keeps the pinned block alive until the copy is done.
     """
+    if tensor.device == device:
+        return tensor
     if device.type != 'cuda' or tensor.device.type != 'cpu':
         return tensor.to(device)
     return tensor.pin_memory().to(device, non_blocking=True)
