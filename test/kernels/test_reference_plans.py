@@ -155,3 +155,50 @@ def test_write_kv_stores_what_the_store_reference_stores():
     write_kv(k=k, v=v, k_cache=caches[1][0], v_cache=caches[1][1], locations=locations)
     assert torch.equal(caches[0][0], caches[1][0])
     assert torch.equal(caches[0][1], caches[1][1])
+
+
+def test_an_extend_step_runs_its_one_token_requests_as_one_decode_and_equals_the_reference():
+    from vla_sched.model.attention import AttentionMetadata, paged_attention
+
+    generator = torch.Generator().manual_seed(7)
+    seq_lens, extend = [12, 7, 30, 30, 9], [5, 1, 1, 4, 1]  # a prefill among running decodes
+    paged = build_paged_kv(
+        seq_lens=seq_lens,
+        num_kv_heads=2,
+        head_dim=16,
+        v_head_dim=16,
+        page_size=4,
+        dtype=torch.float32,
+        generator=generator,
+    )
+    new = [slice(s - e, s) for s, e in zip(seq_lens, extend, strict=True)]
+    k = torch.cat([dense[rows] for dense, rows in zip(paged.dense_k, new, strict=True)])
+    v = torch.cat([dense[rows] for dense, rows in zip(paged.dense_v, new, strict=True)])
+    q = torch.randn((k.shape[0], 4, 16), generator=generator)
+    outputs = {}
+    for checked in (True, False):  # the per-request reference, then the runner's plan
+        meta = AttentionMetadata.build(
+            is_decode=False,
+            req_to_token=paged.req_to_token,
+            req_pool_indices=paged.req_pool_indices,
+            prefix_lens=torch.tensor([s - e for s, e in zip(seq_lens, extend, strict=True)]),
+            extend_lens=torch.tensor(extend),
+            out_cache_loc=torch.cat([s[rows] for s, rows in zip(paged.slots, new, strict=True)]),
+            device=torch.device('cpu'),
+            backend='torch',
+            check_values=checked,
+        )
+        assert (meta.reference_plan is None) == checked
+        outputs[checked] = paged_attention(
+            q=q,
+            k=k,
+            v=v,
+            k_cache=paged.k_cache.clone(),
+            v_cache=paged.v_cache.clone(),
+            meta=meta,
+            sm_scale=0.25,
+        )
+    plan = meta.reference_plan
+    assert plan.decode_rows.tolist() == [5, 6, 11]  # the token rows of the one-token requests
+    assert [(run.num_requests, run.extend_len) for run in plan.extend] == [(1, 5), (1, 4)]
+    assert max_rel_error(outputs[False], outputs[True]) < TOLERANCE

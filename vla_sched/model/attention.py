@@ -70,11 +70,18 @@ class DecodeScratch:
 
 @dataclass(frozen=True, slots=True, eq=False)
 class ReferencePlan:
-    """What every layer of a step reads on the torch reference path, worked out once: the
-    decode reads, or the extend runs (exactly one of the two)."""
+    """What every layer of a step reads on the torch reference path, worked out once.
+
+    A decode step has only ``decode`` reads. An extend step has ``extend`` runs for its
+    requests of several new tokens, and ``decode`` reads for those of one new token (the
+    running requests of a mixed pass; their token rows are ``decode_rows``): one token
+    attends to every position up to its own, as a decode does, so they run as one batched
+    decode instead of a run each.
+    """
 
     decode: DecodeReads | None = None
     extend: list[ExtendRun] | None = None
+    decode_rows: torch.Tensor | None = None  # int64 [num one-token requests], on the device
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -155,15 +162,15 @@ class AttentionMetadata:
                 )
                 plan = ReferencePlan(decode=reads)
             else:
-                runs = extend_runs(
+                plan = _extend_plan(
                     req_to_token=req_to_token,
                     req_pool_indices=req_pool_indices,
                     prefix_lens=prefix_lens,
                     extend_lens=extend_lens,
                     extend_start_loc=extend_start_loc,
+                    seq_lens=device_seq_lens,
                     image_spans=image_spans,
                 )
-                plan = ReferencePlan(extend=runs)
         return cls(
             is_decode=is_decode,
             positions=put(positions),
@@ -180,6 +187,53 @@ class AttentionMetadata:
             check_values=check_values,
             reference_plan=plan,
         )
+
+
+def _extend_plan(
+    *,
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    prefix_lens: torch.Tensor,
+    extend_lens: torch.Tensor,
+    extend_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    image_spans: torch.Tensor | None,
+) -> ReferencePlan:
+    """An extend step's plan: runs for the requests of several new tokens, one batched
+    decode for those of one (see ``ReferencePlan``). Lengths and offsets are on the host,
+    the pool rows and ``seq_lens`` on the device."""
+    lens = extend_lens.tolist()
+    single = [i for i, n in enumerate(lens) if n == 1]
+    if not single:
+        runs = extend_runs(
+            req_to_token=req_to_token,
+            req_pool_indices=req_pool_indices,
+            prefix_lens=prefix_lens,
+            extend_lens=extend_lens,
+            extend_start_loc=extend_start_loc,
+            image_spans=image_spans,
+        )
+        return ReferencePlan(extend=runs)
+    multi = torch.tensor([i for i, n in enumerate(lens) if n != 1], dtype=torch.int64)
+    runs = []
+    if multi.numel():
+        runs = extend_runs(
+            req_to_token=req_to_token,
+            req_pool_indices=req_pool_indices[multi.to(req_pool_indices.device)],
+            prefix_lens=prefix_lens[multi],
+            extend_lens=extend_lens[multi],
+            extend_start_loc=extend_start_loc[multi],
+            image_spans=None if image_spans is None else image_spans[multi],
+        )
+    single_host = torch.tensor(single, dtype=torch.int64)
+    single_dev = single_host.to(req_pool_indices.device)
+    reads = decode_reads(
+        req_to_token=req_to_token,
+        req_pool_indices=req_pool_indices[single_dev],
+        seq_lens=seq_lens[single_dev],
+    )
+    rows = extend_start_loc[single_host].to(req_pool_indices.device)
+    return ReferencePlan(decode=reads, extend=runs, decode_rows=rows)
 
 
 def _int64(t: torch.Tensor) -> torch.Tensor:
@@ -226,13 +280,22 @@ def paged_attention(
     plan = meta.reference_plan
     if plan is not None:
         write_kv(k=k, v=v, k_cache=k_cache, v_cache=v_cache, locations=meta.out_cache_loc)
-        if plan.decode is not None:
+        if plan.extend is None:
             return decode_attention_over_reads(
                 q=q, k_cache=k_cache, v_cache=v_cache, reads=plan.decode, sm_scale=sm_scale
             )
-        return extend_attention_over_runs(
+        out = extend_attention_over_runs(
             q=q, k=k, v=v, k_cache=k_cache, v_cache=v_cache, runs=plan.extend, sm_scale=sm_scale
         )
+        if plan.decode_rows is not None:
+            out[plan.decode_rows] = decode_attention_over_reads(
+                q=q[plan.decode_rows],
+                k_cache=k_cache,
+                v_cache=v_cache,
+                reads=plan.decode,
+                sm_scale=sm_scale,
+            )
+        return out
     run_store_kv(
         k=k,
         v=v,
