@@ -205,6 +205,17 @@ def test_a_decode_burst_must_know_only_its_first_input_ids(tiny_model, prompt_bu
         make_batch(slots, [known], decode=True).check()
 
 
+def test_forward_logits_refuses_a_decode_burst(tiny_model, prompt_builder):
+    ids, span = prompt(prompt_builder, 'go', 44)
+    slots = PagedSlots()
+    runner = new_runner(tiny_model, slots)
+    first = runner.launch(make_batch(slots, [Step('r', 0, ids, 0, len(ids), (span,))]))
+    grown = [*ids, first.result().next_token_ids[0], -1]
+    burst = Step('r', 0, grown, len(ids), len(ids) + 2)
+    with pytest.raises(ValueError, match='decode burst of 2 steps'):
+        runner.forward_logits(make_batch(slots, [burst], decode=True))
+
+
 def test_padded_prefill_path_equals_the_eager_prefill_and_keeps_real_kv(
     tiny_model, prompt_builder
 ):

@@ -171,7 +171,15 @@ class ModelRunner:
         """Float32 logits of every new token ``[num_tokens, vocab]`` (tests, scoring).
 
         Writes the batch's KV exactly as ``launch`` does, but samples nothing.
+
+        Raises:
+            ValueError: for a decode burst, whose later inputs are tokens it samples.
         """
+        if batch.num_decode_steps > 1:
+            raise ValueError(
+                f'forward_logits runs single steps; this is a decode burst of '
+                f'{batch.num_decode_steps} steps, whose later inputs are sampled tokens'
+            )
         with torch.inference_mode():
             return self._forward(batch, rows=None)
 
