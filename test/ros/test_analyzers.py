@@ -9,7 +9,7 @@ import pytest
 import yaml
 from analyzer_rules import Rule, analyzers_from_params, claims, row_name, rules_from_params
 
-from vla_sched.ros.diagnostics import (
+from vla_sched.ros.diagnostic_keys import (
     robot_status_name,
     scheduler_status_name,
     status_names,

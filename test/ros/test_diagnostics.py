@@ -8,6 +8,7 @@ import pytest
 from builtin_interfaces.msg import Time
 
 from vla_sched.ipc.messages import EngineStats, RobotStats
+from vla_sched.ros import diagnostic_keys as k
 from vla_sched.ros import diagnostics as d
 from vla_sched.ros.engine_link import DEAD, READY, STARTING, EngineView
 from vla_sched.ros.node_config import DiagnosticsConfig
@@ -99,7 +100,7 @@ def _robot(**overrides) -> RobotView:
     return RobotView(**fields)
 
 
-ROBOT_KEYS = d.robot_keys(5.0)
+ROBOT_KEYS = k.robot_keys(5.0)
 
 
 def _sched(view: EngineView, **kwargs) -> d.StatusData:
@@ -115,7 +116,7 @@ def test_healthy_scheduler_is_ok_with_every_key_in_order():
     assert data.name == '/gpu0/vla_sched: scheduler' and data.level == d.OK
     assert data.hardware_id == NODE
     values = dict(data.values)
-    assert [k for k, _ in data.values] == list(d.SCHEDULER_KEYS)
+    assert [k for k, _ in data.values] == list(k.SCHEDULER_KEYS)
     assert values['waiting queue depth'] == '2'
     assert values['running batch size'] == '3'
     assert values['chunked request'] == 'robot_1#7'
@@ -123,9 +124,9 @@ def test_healthy_scheduler_is_ok_with_every_key_in_order():
     assert values['delayed prefills'] == '4'
     assert values['KV pool use (%)'] == '37.5'
     assert values['radix cache hit rate (%)'] == '62.5'
-    assert values[d.STEP_LATENCY_P50_KEY] == '11.00'
-    assert values[d.STEP_LATENCY_P99_KEY] == '19.50'
-    assert values[d.ITL_P50_KEY] == '3.25' and values[d.ITL_P99_KEY] == '7.75'
+    assert values[k.STEP_LATENCY_P50_KEY] == '11.00'
+    assert values[k.STEP_LATENCY_P99_KEY] == '19.50'
+    assert values[k.ITL_P50_KEY] == '3.25' and values[k.ITL_P99_KEY] == '7.75'
     assert values['engine heartbeat age (s)'] == '0.10'
     assert values['engine pid'] == '4242'
     assert 'random weights' in values['model']
@@ -166,9 +167,9 @@ def test_windows_and_units_are_in_the_keys():
     keys = ROBOT_KEYS
     assert 'action rate over 5 s (Hz)' in keys and 'image input rate over 5 s (Hz)' in keys
     assert 'refused in last 5 s' in keys
-    assert d.E2E_P99_KEY == 'latency (image stamp to publish) p99 over last 256 chunks (ms)'
-    assert d.robot_keys(2.5)[0] == 'action rate over 2.5 s (Hz)'
-    for key in (*d.SCHEDULER_KEYS, *keys):
+    assert k.E2E_P99_KEY == 'latency (image stamp to publish) p99 over last 256 chunks (ms)'
+    assert k.robot_keys(2.5)[0] == 'action rate over 2.5 s (Hz)'
+    for key in (*k.SCHEDULER_KEYS, *keys):
         if {'rate', 'latency', 'time', 'age', 'uptime'} & set(key.split()):
             assert key.endswith(('(Hz)', '(ms)', '(s)', '(%)')), key
 
@@ -177,8 +178,8 @@ def test_the_stated_engine_windows_are_the_engines():
     from vla_sched.engine.scheduling.scheduler_config import SchedulerConfig
 
     config = SchedulerConfig()
-    assert config.latency_window_size == d.ENGINE_LATENCY_WINDOW
-    assert config.retract_window_ms == d.ENGINE_RETRACT_WINDOW_S * 1000
+    assert config.latency_window_size == k.ENGINE_LATENCY_WINDOW
+    assert config.retract_window_ms == k.ENGINE_RETRACT_WINDOW_S * 1000
 
 
 def test_retracts_in_the_window_turn_the_scheduler_warn():
@@ -206,7 +207,7 @@ def test_dead_engine_is_error_and_reports_no_stale_statistics():
     values = dict(data.values)
     assert values['engine state'] == 'dead' and values['engine uptime (s)'] == 'n/a'
     assert values['waiting queue depth'] == 'n/a' and values['stats age (s)'] == 'n/a'
-    assert [k for k, _ in data.values] == list(d.SCHEDULER_KEYS)
+    assert [k for k, _ in data.values] == list(k.SCHEDULER_KEYS)
 
 
 def test_starting_engine_is_warn():
@@ -247,12 +248,12 @@ def test_healthy_robot_is_ok_with_every_key_and_a_unique_hardware_id():
     assert values['action rate over 5 s (Hz)'] == '9.50' and values['target rate (Hz)'] == '10.00'
     assert values['image input rate over 5 s (Hz)'] == '10.00'
     assert values['time since last chunk (s)'] == '0.05'
-    assert values[d.E2E_P50_KEY] == '40.0' and values[d.E2E_P99_KEY] == '80.0'
+    assert values[k.E2E_P50_KEY] == '40.0' and values[k.E2E_P99_KEY] == '80.0'
     assert values['deadline misses'] == '1' and values['superseded observations'] == '7'
     # what only the engine knows about the robot
     assert values['cached session prefix tokens'] == '40' and values['retracts'] == '3'
-    assert values[d.TTFT_P50_KEY] == '21.50'
-    assert values[d.ITL_P50_KEY] == '2.25' and values[d.ITL_P99_KEY] == '6.50'
+    assert values[k.TTFT_P50_KEY] == '21.50'
+    assert values[k.ITL_P50_KEY] == '2.25' and values[k.ITL_P99_KEY] == '6.50'
     assert values['last error'] == 'n/a' and values['time since last error (s)'] == 'n/a'
 
 
@@ -309,7 +310,7 @@ def test_an_over_long_error_is_bounded_in_the_values_and_the_message():
 def test_diagnostic_array_holds_the_scheduler_then_each_robot():
     robots = [_robot(robot_id='r1'), _robot(robot_id='r2', silent_s=9.0)]
     msg = d.diagnostic_array(_engine(), robots, CFG, stamp=Time(sec=5), node_name=NODE)
-    assert [s.name for s in msg.status] == d.status_names(NODE, ['r1', 'r2'])
+    assert [s.name for s in msg.status] == k.status_names(NODE, ['r1', 'r2'])
     assert [s.level for s in msg.status] == [b'\x00', b'\x00', b'\x02']
     assert msg.header.stamp.sec == 5
     assert len({s.hardware_id for s in msg.status}) == 3
@@ -317,23 +318,23 @@ def test_diagnostic_array_holds_the_scheduler_then_each_robot():
     r1 = {kv.key: kv.value for kv in msg.status[1].values}
     r2 = {kv.key: kv.value for kv in msg.status[2].values}
     assert (r1['retracts'], r2['retracts']) == ('3', 'n/a')
-    assert (r1[d.ITL_P99_KEY], r2[d.ITL_P99_KEY]) == ('6.50', 'n/a')
+    assert (r1[k.ITL_P99_KEY], r2[k.ITL_P99_KEY]) == ('6.50', 'n/a')
 
 
 def test_without_engine_stats_a_robots_engine_numbers_are_unknown():
     data = _rob(_robot())
     assert [k for k, _ in data.values] == list(ROBOT_KEYS)
     values = dict(data.values)
-    assert all(values[key] == 'n/a' for key in d.ENGINE_ROBOT_KEYS)
-    assert values[d.E2E_P99_KEY] == '80.0'
+    assert all(values[key] == 'n/a' for key in k.ENGINE_ROBOT_KEYS)
+    assert values[k.E2E_P99_KEY] == '80.0'
 
 
 @pytest.mark.parametrize('node', ['/vla_sched', '/gpu0/vla_sched'])
 @pytest.mark.parametrize('robot_id', ['robot_0', 'arm_left', 'R2', 'scheduler'])
 def test_status_names_carry_the_node_and_the_robot(node, robot_id):
-    assert d.robot_status_name(node, robot_id) == f'{node}: robot {robot_id}'
-    assert d.is_scheduler_status(d.scheduler_status_name(node))
-    assert not d.is_scheduler_status(d.robot_status_name(node, robot_id))
+    assert k.robot_status_name(node, robot_id) == f'{node}: robot {robot_id}'
+    assert k.is_scheduler_status(k.scheduler_status_name(node))
+    assert not k.is_scheduler_status(k.robot_status_name(node, robot_id))
 
 
 def test_scheduler_status_says_what_the_prompt_layout_lets_the_cache_share():
@@ -346,9 +347,9 @@ def test_scheduler_status_says_what_the_prompt_layout_lets_the_cache_share():
 def test_a_dead_engine_shows_its_next_restart_and_attempt_and_a_running_one_none():
     dead = _sched(_engine(DEAD, restart_in_s=4.0, restart_attempt=3, stats=None, uptime_s=NAN))
     values = dict(dead.values)
-    assert values[d.NEXT_RESTART_KEY] == '4.0' and values[d.RESTART_ATTEMPT_KEY] == '3'
+    assert values[k.NEXT_RESTART_KEY] == '4.0' and values[k.RESTART_ATTEMPT_KEY] == '3'
     values = dict(_sched(_engine()).values)
-    assert values[d.NEXT_RESTART_KEY] == 'n/a' and values[d.RESTART_ATTEMPT_KEY] == '0'
+    assert values[k.NEXT_RESTART_KEY] == 'n/a' and values[k.RESTART_ATTEMPT_KEY] == '0'
 
 
 def test_bad_frames_are_shown_both_ways_and_unknown_without_engine_stats():

@@ -17,7 +17,8 @@ from analyzer_rules import claims, rules_from_params
 from diagnostic_msgs.msg import DiagnosticArray
 from rclpy.executors import SingleThreadedExecutor
 
-from vla_sched.ros.diagnostics import STALE, status_names
+from vla_sched.ros.diagnostic_keys import status_names
+from vla_sched.ros.diagnostics import STALE
 
 pytestmark = [pytest.mark.ros, pytest.mark.slow]
 

@@ -20,7 +20,7 @@ from std_msgs.msg import String
 
 from vla_sched.msg import ActionChunk, StepRejected
 from vla_sched.ros.conversions import ns_to_stamp, stamp_to_ns
-from vla_sched.ros.diagnostics import SCHEDULER_KEYS, robot_keys, status_names
+from vla_sched.ros.diagnostic_keys import SCHEDULER_KEYS, robot_keys, status_names
 
 pytestmark = [pytest.mark.ros, pytest.mark.slow]
 

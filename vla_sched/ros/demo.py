@@ -30,7 +30,7 @@ import yaml
 from diagnostic_msgs.msg import DiagnosticArray
 from rclpy.executors import SingleThreadedExecutor
 
-from vla_sched.ros.diagnostics import (
+from vla_sched.ros.diagnostic_keys import (
     CACHE_HIT_KEY,
     STEP_LATENCY_P50_KEY,
     STEP_LATENCY_P99_KEY,

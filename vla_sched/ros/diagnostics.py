@@ -4,10 +4,7 @@ Pure functions of the engine's view (``EngineView``, with the latest ``EngineSta
 robot's ``RobotView`` and the thresholds; the caller passes the time, so every level can be
 tested without a node.
 
-Names carry the node's fully qualified name, so that several nodes (one per GPU, each in its
-namespace) never publish the same name: ``'<node>: scheduler'`` and ``'<node>: robot <id>'``
-(e.g. ``'/gpu0/vla_sched: robot robot_0'``); hardware ids are ``<node>`` for the scheduler
-and ``<node>/<id>`` for a robot. ``config/diagnostics_analyzers.yaml`` matches these names.
+Names and keys are in ``diagnostic_keys``.
 
 Values, as rqt shows them: one number or one word per key, units and windows in the key
 (``action rate over 5 s (Hz)``), ``n/a`` for every value that has no data, free text bounded
@@ -37,107 +34,38 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from vla_sched.ipc.messages import EngineStats, FailureReason, RobotStats
+from vla_sched.ipc.messages import EngineStats, RobotStats
+from vla_sched.ros.diagnostic_keys import (
+    BAD_FRAMES_FROM_ENGINE_KEY,
+    BAD_FRAMES_FROM_NODE_KEY,
+    CACHE_HIT_KEY,
+    ENGINE_RETRACT_WINDOW_S,
+    ENGINE_ROBOT_KEYS,
+    ITL_P50_KEY,
+    ITL_P99_KEY,
+    NEXT_RESTART_KEY,
+    NO_DATA,
+    REASONS,
+    RESTART_ATTEMPT_KEY,
+    RETRACTS_WINDOW_KEY,
+    STATS_KEYS,
+    STEP_LATENCY_P50_KEY,
+    STEP_LATENCY_P99_KEY,
+    robot_hardware_id,
+    robot_keys,
+    robot_status_name,
+    scheduler_status_name,
+    window_text,
+)
 from vla_sched.ros.engine_link import DEAD, READY, EngineView
 from vla_sched.ros.node_config import DiagnosticsConfig
-from vla_sched.ros.robot_slot import LATENCY_WINDOW_CHUNKS, RobotView
+from vla_sched.ros.robot_slot import RobotView
 from vla_sched.ros.text_bounds import MAX_MESSAGE_CAUSE_CHARS, MAX_VALUE_CHARS, bounded
 
 if TYPE_CHECKING:
     from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus
 
 OK, WARN, ERROR, STALE = 0, 1, 2, 3  # diagnostic_msgs/DiagnosticStatus levels
-NO_DATA = 'n/a'
-SCHEDULER_SUFFIX = ': scheduler'
-ROBOT_INFIX = ': robot '
-REASONS = tuple(reason.value for reason in FailureReason)
-# The engine's own windows (its SchedulerConfig defaults; no parameter changes them).
-ENGINE_LATENCY_WINDOW = 1024  # samples per latency percentile window
-ENGINE_RETRACT_WINDOW_S = 10.0
-
-STEP_LATENCY_P50_KEY = (
-    f'engine step latency (arrival to finish) p50 over last {ENGINE_LATENCY_WINDOW} steps (ms)'
-)
-STEP_LATENCY_P99_KEY = STEP_LATENCY_P50_KEY.replace(' p50 ', ' p99 ')
-ITL_P50_KEY = f'inter-token latency p50 over last {ENGINE_LATENCY_WINDOW} tokens (ms)'
-ITL_P99_KEY = ITL_P50_KEY.replace(' p50 ', ' p99 ')
-TTFT_P50_KEY = (
-    'engine time to first token (arrival to first token) p50 over last '
-    f'{ENGINE_LATENCY_WINDOW} steps (ms)'
-)
-RETRACTS_WINDOW_KEY = f'retracts in last {ENGINE_RETRACT_WINDOW_S:g} s'
-CACHE_HIT_KEY = 'radix cache hit rate (%)'
-RESTART_ATTEMPT_KEY = 'engine restart attempt'
-NEXT_RESTART_KEY = 'next engine restart in (s)'
-BAD_FRAMES_FROM_ENGINE_KEY = 'bad frames from the engine'
-BAD_FRAMES_FROM_NODE_KEY = 'bad frames from the node'
-E2E_P50_KEY = f'latency (image stamp to publish) p50 over last {LATENCY_WINDOW_CHUNKS} chunks (ms)'
-E2E_P99_KEY = E2E_P50_KEY.replace(' p50 ', ' p99 ')
-
-ENGINE_KEYS = (
-    'engine state',
-    'engine mode',
-    'engine pid',
-    'model',
-    'prompt layout',
-    'engine restarts',
-    RESTART_ATTEMPT_KEY,
-    NEXT_RESTART_KEY,
-    'time since last engine restart (s)',
-    'engine uptime (s)',
-    'engine last error',
-    'engine heartbeat age (s)',
-    BAD_FRAMES_FROM_ENGINE_KEY,
-)
-STATS_KEYS = (
-    'waiting queue depth',
-    'running batch size',
-    'chunked request',
-    'retracts total',
-    RETRACTS_WINDOW_KEY,
-    *(f'aborts: {reason}' for reason in REASONS),
-    'delayed prefills',
-    'KV pool use (%)',
-    CACHE_HIT_KEY,
-    STEP_LATENCY_P50_KEY,
-    STEP_LATENCY_P99_KEY,
-    ITL_P50_KEY,
-    ITL_P99_KEY,
-    'worst robot',
-    'worst robot inter-token latency p99 (ms)',
-    'worst robot deadline misses',
-    BAD_FRAMES_FROM_NODE_KEY,
-)
-SCHEDULER_KEYS = (*ENGINE_KEYS, *STATS_KEYS, 'stats age (s)')
-ENGINE_ROBOT_KEYS = (
-    'cached session prefix tokens',
-    'retracts',
-    TTFT_P50_KEY,
-    ITL_P50_KEY,
-    ITL_P99_KEY,
-)
-
-
-def robot_keys(window_s: float) -> tuple[str, ...]:
-    """A robot status's keys, in order, for a node whose diagnostics window is ``window_s``."""
-    window = _window(window_s)
-    return (
-        f'action rate over {window} (Hz)',
-        f'image input rate over {window} (Hz)',
-        'target rate (Hz)',
-        'time since last chunk (s)',
-        'time since last image (s)',
-        E2E_P50_KEY,
-        E2E_P99_KEY,
-        'chunks published',
-        'deadline misses',
-        'superseded observations',
-        *(f'refused: {reason}' for reason in REASONS),
-        f'refused in last {window}',
-        'last error',
-        'time since last error (s)',
-        *ENGINE_ROBOT_KEYS,
-    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,36 +77,6 @@ class StatusData:
     message: str
     hardware_id: str
     values: tuple[tuple[str, str], ...]
-
-
-def scheduler_status_name(node_name: str) -> str:
-    """The scheduler's status name for the node whose fully qualified name is ``node_name``."""
-    return f'{node_name}{SCHEDULER_SUFFIX}'
-
-
-def robot_status_name(node_name: str, robot_id: str) -> str:
-    return f'{node_name}{ROBOT_INFIX}{robot_id}'
-
-
-def robot_hardware_id(node_name: str, robot_id: str) -> str:
-    return f'{node_name}/{robot_id}'
-
-
-def is_scheduler_status(name: str) -> bool:
-    """Whether ``name`` is a scheduler status (of any vla_sched node)."""
-    return name.endswith(SCHEDULER_SUFFIX)
-
-
-def status_names(node_name: str, robot_ids: Iterable[str]) -> list[str]:
-    """Every status name the node ``node_name`` publishes for these robots."""
-    return [
-        scheduler_status_name(node_name),
-        *(robot_status_name(node_name, r) for r in robot_ids),
-    ]
-
-
-def _window(window_s: float) -> str:
-    return f'{window_s:g} s'
 
 
 def _num(value: float | None, digits: int = 1) -> str:
@@ -263,7 +161,7 @@ def _scheduler_level(
     if stats is not None and stats.num_retracts_window > 0:
         problems.append(
             f'KV pool full: {stats.num_retracts_window} retracts in the last '
-            f'{_window(ENGINE_RETRACT_WINDOW_S)}'
+            f'{window_text(ENGINE_RETRACT_WINDOW_S)}'
         )
     if stats is not None and stats.num_waiting > cfg.queue_warn_threshold:
         problems.append(
@@ -338,7 +236,7 @@ def robot_data(
     )
     extra = sorted(set(view.refused_by_reason) - set(REASONS))
     if extra:  # a reason this version does not know: keep every count visible
-        at = keys.index(f'refused in last {_window(view.window_s)}')
+        at = keys.index(f'refused in last {window_text(view.window_s)}')
         keys = (*keys[:at], *(f'refused: {r}' for r in extra), *keys[at:])
     return _status(
         robot_status_name(node_name, view.robot_id),
@@ -366,7 +264,7 @@ def _robot_level(view: RobotView, cfg: DiagnosticsConfig) -> tuple[int, str]:
         return STALE, f'waiting for first image ({view.silent_s:.1f} s since start-up)'
     if view.silent_s > cfg.silent_robot_s:
         return ERROR, f'silent: no image for {view.silent_s:.1f} s'
-    window = _window(view.window_s)
+    window = window_text(view.window_s)
     problems = []
     if view.num_refused_window > 0:
         problems.append(
