@@ -469,7 +469,7 @@ def plan_from_args(args: argparse.Namespace) -> LoopPlan:
     """The plan of these arguments; unset counts, warm-up and windows take the mode's
     defaults (the sweep's, or the capacity search's)."""
     base = LoopPlan()
-    node_params = dict(_setting(s) for s in args.node_param)
+    node_params = dict(parse_node_param(s) for s in args.node_param)
     if args.unnorm_key:
         node_params.setdefault('engine.unnorm_key', args.unnorm_key)
     if args.capacity:
@@ -500,7 +500,8 @@ def plan_from_args(args: argparse.Namespace) -> LoopPlan:
     )
 
 
-def _setting(text: str) -> tuple[str, Any]:
+def parse_node_param(text: str) -> tuple[str, Any]:
+    """``NAME=VALUE`` of ``--node-param`` as ``(name, value)``, the value read as YAML."""
     key, sep, value = text.partition('=')
     if not sep or not key:
         raise SystemExit(f'--node-param expects NAME=VALUE, got {text!r}')

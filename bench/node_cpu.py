@@ -34,7 +34,7 @@ from pathlib import Path
 os.environ.setdefault('HF_HUB_OFFLINE', '1')
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.control_loop import Server, Watch, _setting, ros_env, wait_ready
+from bench.control_loop import Server, Watch, parse_node_param, ros_env, wait_ready
 from bench.control_loop_report import TRIGGERS, LoopPlan
 from bench.robot_fleet import FleetConfig, RobotFleet
 from vla_sched.serving.engine_config import DEVICES
@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         budget_s=args.budget,
         model_path=args.model_path,
         device=args.device,
-        node_params=dict(_setting(s) for s in args.node_param),
+        node_params=dict(parse_node_param(s) for s in args.node_param),
         systems=('vla_sched',),
     )
     folder = Path(tempfile.mkdtemp(prefix='vla_node_cpu_'))
