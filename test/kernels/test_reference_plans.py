@@ -9,12 +9,10 @@ from __future__ import annotations
 import torch
 from paged_kv_cases import build_paged_kv, max_rel_error
 
-from vla_sched.kernels.decode_attention import (
-    decode_attention_over_reads,
-    decode_attention_ref,
-    decode_reads,
-)
-from vla_sched.kernels.extend_attention import extend_attention_ref, extend_runs
+from vla_sched.kernels.decode_attention import decode_attention_ref
+from vla_sched.kernels.decode_reads import decode_attention_over_reads, decode_reads
+from vla_sched.kernels.extend_attention import extend_attention_ref
+from vla_sched.kernels.extend_runs import extend_runs
 from vla_sched.kernels.store_kv import store_kv_ref, write_kv
 
 TOLERANCE = 1e-5

@@ -13,19 +13,10 @@ from dataclasses import dataclass
 
 import torch
 
-from vla_sched.kernels.decode_attention import (
-    DecodeReads,
-    decode_attention,
-    decode_attention_over_reads,
-    decode_reads,
-    run_decode_attention,
-)
-from vla_sched.kernels.extend_attention import (
-    ExtendRun,
-    extend_attention_over_runs,
-    extend_runs,
-    run_extend_attention,
-)
+from vla_sched.kernels.decode_attention import decode_attention, run_decode_attention
+from vla_sched.kernels.decode_reads import DecodeReads, decode_attention_over_reads, decode_reads
+from vla_sched.kernels.extend_attention import run_extend_attention
+from vla_sched.kernels.extend_runs import ExtendRun, extend_attention_over_runs, extend_runs
 from vla_sched.kernels.store_kv import run_store_kv, write_kv
 from vla_sched.model.transfer import to_device
 
@@ -204,27 +195,25 @@ def _extend_plan(
     the pool rows and ``seq_lens`` on the device."""
     lens = extend_lens.tolist()
     single = [i for i, n in enumerate(lens) if n == 1]
-    if not single:
-        runs = extend_runs(
-            req_to_token=req_to_token,
-            req_pool_indices=req_pool_indices,
-            prefix_lens=prefix_lens,
-            extend_lens=extend_lens,
-            extend_start_loc=extend_start_loc,
-            image_spans=image_spans,
-        )
-        return ReferencePlan(extend=runs)
-    multi = torch.tensor([i for i, n in enumerate(lens) if n != 1], dtype=torch.int64)
+    multi = None  # every request, unless some extend by one token
+    if single:
+        multi = torch.tensor([i for i, n in enumerate(lens) if n != 1], dtype=torch.int64)
     runs = []
-    if multi.numel():
+    if multi is None or multi.numel():
+
+        def pick(t: torch.Tensor | None) -> torch.Tensor | None:
+            return t if multi is None or t is None else t[multi.to(t.device)]
+
         runs = extend_runs(
             req_to_token=req_to_token,
-            req_pool_indices=req_pool_indices[multi.to(req_pool_indices.device)],
-            prefix_lens=prefix_lens[multi],
-            extend_lens=extend_lens[multi],
-            extend_start_loc=extend_start_loc[multi],
-            image_spans=None if image_spans is None else image_spans[multi],
+            req_pool_indices=pick(req_pool_indices),
+            prefix_lens=pick(prefix_lens),
+            extend_lens=pick(extend_lens),
+            extend_start_loc=pick(extend_start_loc),
+            image_spans=pick(image_spans),
         )
+    if not single:
+        return ReferencePlan(extend=runs)
     single_host = torch.tensor(single, dtype=torch.int64)
     single_dev = single_host.to(req_pool_indices.device)
     reads = decode_reads(
