@@ -38,6 +38,8 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
+from vla_sched.model.prompting.action_tokenizer import ActionChunkDecoder
+
 os.environ.setdefault('HF_HUB_OFFLINE', '1')
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -51,10 +53,10 @@ from rclpy.qos import qos_profile_sensor_data as sensor_qos
 from sensor_msgs.msg import Image
 from std_msgs.msg import String
 
+from vla_sched.engine.config import DEVICES
 from vla_sched.msg import ActionChunk
 from vla_sched.ros.conversions import ConversionError, image_to_rgb, ns_to_stamp, stamp_to_ns
 from vla_sched.ros.node_config import TRIGGERS
-from vla_sched.serving.engine_config import DEVICES
 
 READY_LINE = 'baseline: ready'
 
@@ -111,9 +113,9 @@ class GeneratePolicy:
         dtype: torch.dtype,
         unnorm_key: str | None = None,
     ) -> None:
-        from vla_sched.model.checkpoint_spec import read_checkpoint_spec
-        from vla_sched.model.openvla_spec import OpenVLAVisionSpec
-        from vla_sched.model.prompt import VLAPromptBuilder
+        from vla_sched.model.config.formats import read_checkpoint_spec
+        from vla_sched.model.config.openvla_towers import OpenVLAVisionSpec
+        from vla_sched.model.prompting.prompt import VLAPromptBuilder
 
         self.device, self.dtype = device, dtype
         self.spec = read_checkpoint_spec(folder)
@@ -132,13 +134,13 @@ class GeneratePolicy:
             folder, dtype=dtype
         ).to(device)
         self.model.eval()
-        self.decoder = self.spec.action_decoder()
+        self.decoder = ActionChunkDecoder.for_checkpoint(self.spec)
         self.mask = ActionTokenMask(*self.spec.action_token_range)
 
     @torch.inference_mode()
     def predict_action(self, image: np.ndarray, instruction: str) -> np.ndarray:
         """The un-normalized action chunk ``[horizon, dof]`` for one image."""
-        from vla_sched.model.vision import preprocess_image
+        from vla_sched.model.layers.vision import preprocess_image
 
         if self.openvla is not None:
             return self.openvla.predict(image, instruction).astype(np.float32)
@@ -343,7 +345,7 @@ def pick_device(name: str, *, cpu_threads: int) -> tuple[torch.device, torch.dty
 
 
 def run(args: argparse.Namespace) -> int:
-    from vla_sched.serving.checkpoints import resolve_checkpoint
+    from vla_sched.engine.checkpoints import resolve_checkpoint
 
     folder, _ = resolve_checkpoint(args.model_path)
     device, dtype = pick_device(args.device, cpu_threads=args.cpu_threads)

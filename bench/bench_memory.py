@@ -41,12 +41,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 
-from vla_sched.engine.memory.kv_config import KVMemoryConfig
-from vla_sched.engine.memory.kv_memory import KVMemory
-from vla_sched.engine.memory.radix_cache import RadixCache
-from vla_sched.engine.memory.radix_key import RadixKey
-from vla_sched.engine.memory.req_kv import ReqKV
-from vla_sched.engine.memory.token_allocator import PagedTokenAllocator
+from vla_sched.core.memory.kv_config import KVMemoryConfig
+from vla_sched.core.memory.kv_memory import KVMemory
+from vla_sched.core.memory.radix_cache import RadixCache
+from vla_sched.core.memory.radix_key import RadixKey
+from vla_sched.core.memory.req_kv import ReqKV
+from vla_sched.core.memory.token_allocator import PagedTokenAllocator
 
 NUM_SHARED_PREFIXES = 8
 PREFIX_LEN = 128

@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np
 import torch
 
-from vla_sched.engine.forward_batch import (
+from vla_sched.core.forward_batch import (
     ForwardBatch,
     ForwardMode,
     ImageInput,
@@ -77,7 +77,7 @@ def step_batch(
 
 def time_runner(model, builder, batch_size: int, reps: int) -> tuple[list[float], list[float]]:
     """Prefill times and decode-step times (ms) of our runner."""
-    from vla_sched.model.runner import ModelRunner
+    from vla_sched.model.runner.model_runner import ModelRunner
 
     layout = builder.build('put the carrot in the pot')
     rng = np.random.default_rng(0)
@@ -138,7 +138,7 @@ class _StepStamps:
 
 def time_transformers(hf, model, builder, batch_size: int, reps: int):
     """Prefill and per-token decode times (ms) of transformers generate, from step stamps."""
-    from vla_sched.model.vision import preprocess_image
+    from vla_sched.model.layers.vision import preprocess_image
 
     layout = builder.build('put the carrot in the pot')
     rng = np.random.default_rng(0)
@@ -183,9 +183,9 @@ def main() -> None:
 
     from transformers import LlavaForConditionalGeneration
 
-    from vla_sched.model.checkpoint import load_checkpoint
-    from vla_sched.model.prompt import VLAPromptBuilder
-    from vla_sched.model.tiny_checkpoint import build_tiny_checkpoint
+    from vla_sched.model.loading.checkpoint import load_checkpoint
+    from vla_sched.model.loading.tiny_checkpoint import build_tiny_checkpoint
+    from vla_sched.model.prompting.prompt import VLAPromptBuilder
 
     with tempfile.TemporaryDirectory() as tmp:
         started = time.perf_counter()

@@ -64,8 +64,8 @@ from bench.openvla_h200_cost import (
     physical_bounds,
 )
 from bench.sim_robot_servers import FleetTiming, OneAtATimeServer, ScheduledServer, serve_robots
-from vla_sched.engine.sim_runner import HardwareCostModel
-from vla_sched.serving.engine_config import EngineConfig
+from vla_sched.engine.config import EngineConfig
+from vla_sched.testing.sim_runner import HardwareCostModel
 
 ONE_AT_A_TIME = 'one-at-a-time'
 

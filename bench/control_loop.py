@@ -77,7 +77,7 @@ from bench.control_loop_report import (
     summarize,
 )
 from bench.robot_fleet import FleetConfig, RobotFleet
-from vla_sched.serving.engine_config import DEVICES
+from vla_sched.engine.config import DEVICES
 
 ROOT = Path(__file__).resolve().parents[1]
 

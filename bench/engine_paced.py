@@ -40,9 +40,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np
 
+from vla_sched.engine.config import EngineConfig
+from vla_sched.engine.scheduled_core import ScheduledCore
 from vla_sched.ipc.messages import StepFailure, StepRequest, StepResult
-from vla_sched.serving.engine_config import EngineConfig
-from vla_sched.serving.scheduled_core import ScheduledCore
 
 INSTRUCTION = 'pick up the red block'
 FRAME_SIZE = 224

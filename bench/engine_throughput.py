@@ -27,9 +27,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.engine_steps import step_request
 from bench.scheduler_cost import StopWatch
+from vla_sched.engine.config import CORES, EngineConfig
+from vla_sched.engine.core_factory import build_core
 from vla_sched.ipc.messages import StepResult
-from vla_sched.serving.core_factory import build_core
-from vla_sched.serving.engine_config import CORES, EngineConfig
 
 
 @dataclass(frozen=True, slots=True)

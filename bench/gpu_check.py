@@ -306,7 +306,7 @@ def part_model(ctx: PartContext) -> dict[str, Any]:
     import torch
 
     from bench import gpu_model as gm
-    from vla_sched.model.runner import ModelRunner, RunnerConfig
+    from vla_sched.model.runner.model_runner import ModelRunner, RunnerConfig
 
     _require_cuda(ctx)
     plan = gm.make_plan(ctx.dry_run)
@@ -394,8 +394,8 @@ def _logits_check(gm, hf, ours, runner, plan) -> dict[str, float]:
     import torch
 
     from bench.bench_model_cpu import step_batch
-    from vla_sched.engine.forward_batch import ForwardMode, ImageInput, SamplingParams
-    from vla_sched.model.vision import preprocess_image
+    from vla_sched.core.forward_batch import ForwardMode, ImageInput, SamplingParams
+    from vla_sched.model.layers.vision import preprocess_image
 
     spec = ours.spec
     prompt = gm.prompt_ids(spec, plan.num_text_tokens, 0)
@@ -450,7 +450,7 @@ def _vision_times(runner, ctx: PartContext) -> list[dict[str, Any]]:
     padded (on a GPU, captured) path, median of 10 after 2 warm-ups."""
     import torch
 
-    from vla_sched.model.vision_graphs import VisionGraphs
+    from vla_sched.model.runner.vision_graphs import VisionGraphs
 
     model = runner.model
     graphs = runner.vision_graphs
@@ -491,7 +491,7 @@ def _sync_device(device) -> None:
 
 def part_serving(ctx: PartContext) -> dict[str, Any]:
     from bench.engine_paced import PacedPlan, make_core, markdown_table, run_checked, run_paced
-    from vla_sched.model.checkpoint_spec import read_checkpoint_spec
+    from vla_sched.model.config.formats import read_checkpoint_spec
 
     _require_cuda(ctx)
     folder = ctx.folder()

@@ -116,7 +116,7 @@ def copy_bandwidth_gbs(timer: Timer, num_bytes: int) -> float:
 
 def paged_cache(plan: BenchPlan, seq_lens: list[int], seed: int) -> dict:
     """A fresh KV cache whose requests own shuffled pages, as the engine's allocator hands out."""
-    from vla_sched.engine.memory.pages import num_pages_for
+    from vla_sched.core.memory.pages import num_pages_for
 
     generator = torch.Generator(device=plan.device).manual_seed(seed)
     device, page = plan.device, plan.page_size

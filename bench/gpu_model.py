@@ -45,7 +45,7 @@ import numpy as np
 import torch
 
 from bench.bench_model_cpu import step_batch
-from vla_sched.engine.forward_batch import ForwardMode, ImageInput, SamplingParams
+from vla_sched.core.forward_batch import ForwardMode, ImageInput, SamplingParams
 
 WARMUP_SEED = 10_000
 
@@ -75,11 +75,11 @@ def build_models(plan: Plan):
     ``LlamaForCausalLM`` sharing its decoder tensors."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from vla_sched.model.checkpoint_spec import spec_from_dicts
-    from vla_sched.model.openvla_writer import openvla_state_dict
-    from vla_sched.model.presets import openvla_config, openvla_norm_stats
-    from vla_sched.model.vla_model import assemble_model
-    from vla_sched.model.weights import canonical_name
+    from vla_sched.model.config.formats import spec_from_dicts
+    from vla_sched.model.config.presets import openvla_config, openvla_norm_stats
+    from vla_sched.model.loading.vla_model import assemble_model
+    from vla_sched.model.loading.weights import canonical_name
+    from vla_sched.testing.openvla_writer import openvla_state_dict
 
     config = openvla_config(
         'fused', tiny=plan.preset != 'openvla-7b', norm_stats=openvla_norm_stats()
@@ -155,7 +155,7 @@ def run_ours(runner, spec, plan: Plan, batch_size: int, seed: int):
 
 def run_hf(hf, ours, plan: Plan, batch_size: int, seed: int, new_tokens: int):
     """transformers generate as OpenVLA calls it: (seconds, generated token lists)."""
-    from vla_sched.model.vision import preprocess_image
+    from vla_sched.model.layers.vision import preprocess_image
 
     spec = ours.spec
     ids = torch.tensor([prompt_ids(spec, plan.num_text_tokens, seed)] * batch_size)
@@ -250,7 +250,7 @@ def main() -> None:
     args = parser.parse_args()
     plan = make_plan(args.dry_run)
 
-    from vla_sched.model.runner import ModelRunner, RunnerConfig
+    from vla_sched.model.runner.model_runner import ModelRunner, RunnerConfig
 
     started = time.perf_counter()
     hf, ours = build_models(plan)

@@ -161,9 +161,10 @@ def measure_rates(device: torch.device, dtype: torch.dtype) -> tuple[float, floa
 
 def step_floor(folder: Path, dtype: torch.dtype, *, copy_bps: float, flops_per_s: float) -> Floor:
     """The floor of one robot's step on the checkpoint in ``folder`` at the given rates."""
-    from vla_sched.model.checkpoint_spec import CONFIG_FILE, read_checkpoint_spec, read_json
-    from vla_sched.model.openvla_writer import openvla_tensor_shapes
-    from vla_sched.model.weights import decoder_shapes
+    from vla_sched.model.config.checkpoint_spec import CONFIG_FILE, read_json
+    from vla_sched.model.config.formats import read_checkpoint_spec
+    from vla_sched.model.loading.weights import decoder_shapes
+    from vla_sched.testing.openvla_writer import openvla_tensor_shapes
 
     spec = read_checkpoint_spec(folder)
     element = torch.finfo(dtype).bits // 8

@@ -40,14 +40,14 @@ import numpy as np
 
 from bench.scheduler_cost import release_device_memory
 from bench.sim_scheduler import itl_samples
-from vla_sched.engine.forward_batch import ForwardBatch, ForwardMode
-from vla_sched.engine.scheduling.request import FinishKind, Req
-from vla_sched.engine.scheduling.scheduler_config import PrefillDelayerConfig, SchedulerConfig
-from vla_sched.engine.sim_runner import StepRecord
+from vla_sched.core.forward_batch import ForwardBatch, ForwardMode
+from vla_sched.core.scheduling.request import FinishKind, Req
+from vla_sched.core.scheduling.scheduler_config import PrefillDelayerConfig, SchedulerConfig
+from vla_sched.engine.config import EngineConfig
+from vla_sched.engine.scheduled_core import ScheduledCore
 from vla_sched.ipc.messages import StepRequest
-from vla_sched.serving.engine_config import EngineConfig
-from vla_sched.serving.scheduled_core import ScheduledCore
 from vla_sched.synthetic_frames import synthetic_frame
+from vla_sched.testing.sim_runner import StepRecord
 
 VARIANTS = ('sglang', 'delayer', 'chunked', 'delayer+chunked', 'engine default', 'unmixed')
 
@@ -91,7 +91,7 @@ class VariantCore(ScheduledCore):
     """The engine core with a scheduler variant and a record of every launched batch."""
 
     def __init__(self, config: EngineConfig, variant: Variant) -> None:
-        from vla_sched.serving.checkpoints import resolve_checkpoint
+        from vla_sched.engine.checkpoints import resolve_checkpoint
 
         self.variant = variant
         self.steps: list[StepRecord] = []

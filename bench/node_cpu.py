@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.control_loop import Server, Watch, parse_node_param, ros_env, wait_ready
 from bench.control_loop_report import TRIGGERS, LoopPlan
 from bench.robot_fleet import FleetConfig, RobotFleet
-from vla_sched.serving.engine_config import DEVICES
+from vla_sched.engine.config import DEVICES
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

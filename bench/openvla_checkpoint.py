@@ -2,7 +2,7 @@
 
 The serving nodes load checkpoints from folders (the engine and the baseline run in their own
 processes), so the ``openvla-7b`` preset is written out in OpenVLA's own format
-(``vla_sched.model.openvla_writer``): ``config.json`` with ``model_type: "openvla"``, the fused
+(``vla_sched.testing.openvla_writer``): ``config.json`` with ``model_type: "openvla"``, the fused
 DINOv2 + SigLIP towers at 224 px (256 image tokens right after BOS), the 3-layer projector,
 a Llama-2-7B decoder with LlamaConfig's defaults, ``norm_stats``, the image preprocessor and
 a Llama-2-like tokenizer (``<unk> <s> </s>`` at 0-2, ``▁`` at 29871, ``<PAD>`` at 32000).
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from vla_sched.model.openvla_writer import write_openvla_checkpoint as write_openvla_folder
+from vla_sched.testing.openvla_writer import write_openvla_checkpoint as write_openvla_folder
 
 
 def write_openvla_checkpoint(

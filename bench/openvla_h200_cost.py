@@ -4,7 +4,7 @@
 ``H200_RUN_A`` with decode as CUDA graphs, ``H200_RUN_B`` with prefill and the vision towers
 as CUDA graphs too; ``bench/results/gpu_check_h200_{a,b}.json``); ``openvla_7b_shape``
 counts openvla-7b's parameters and KV from its config alone (as ``bench/gpu_serving.py``'s
-floor counts them). From both, a ``HardwareCostModel`` (``vla_sched/engine/sim_runner.py``)
+floor counts them). From both, a ``HardwareCostModel`` (``vla_sched/testing/sim_runner.py``)
 in three calibrations:
 
 - ``hardware bound``: run A's rates at full use and no per-pass overhead (the floor's
@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from vla_sched.engine.sim_runner import HardwareCostModel
+from vla_sched.testing.sim_runner import HardwareCostModel
 
 NS_PER_S = 1_000_000_000
 OPENVLA_TEXT_TOKENS = 23  # OpenVLA's prompt around a short instruction, as the floor counts
@@ -106,13 +106,13 @@ class ModelShape:
 
 
 def openvla_7b_shape() -> ModelShape:
-    """openvla-7b's sizes from its config alone (``vla_sched.model.presets``)."""
-    from vla_sched.model.architecture import DecoderSpec
-    from vla_sched.model.openvla_checkpoint import openvla_text_config
-    from vla_sched.model.openvla_spec import openvla_vision_spec
-    from vla_sched.model.openvla_writer import openvla_tensor_shapes
-    from vla_sched.model.presets import openvla_config
-    from vla_sched.model.weights import decoder_shapes
+    """openvla-7b's sizes from its config alone (``vla_sched.model.config.presets``)."""
+    from vla_sched.model.config.architecture import DecoderSpec
+    from vla_sched.model.config.openvla import openvla_text_config
+    from vla_sched.model.config.openvla_towers import openvla_vision_spec
+    from vla_sched.model.config.presets import openvla_config
+    from vla_sched.model.loading.weights import decoder_shapes
+    from vla_sched.testing.openvla_writer import openvla_tensor_shapes
 
     config = openvla_config('fused', tiny=False)
     decoder = DecoderSpec.from_hf_config(openvla_text_config(config))

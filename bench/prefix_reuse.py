@@ -27,10 +27,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np
 
 from bench.engine_steps import step_request
+from vla_sched.engine.config import EngineConfig
+from vla_sched.engine.scheduled_core import ScheduledCore
 from vla_sched.ipc.messages import StepResult
-from vla_sched.model.openvla_writer import write_openvla_checkpoint
-from vla_sched.serving.engine_config import EngineConfig
-from vla_sched.serving.scheduled_core import ScheduledCore
+from vla_sched.testing.openvla_writer import write_openvla_checkpoint
 
 INSTRUCTIONS = ('pick up the red block', 'open the top drawer')
 

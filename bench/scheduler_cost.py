@@ -42,19 +42,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np
 import torch
 
-from vla_sched.engine.forward_batch import (
+from vla_sched.core.forward_batch import (
     ForwardBatch,
     ForwardMode,
     ForwardOutput,
     ImageInput,
     SamplingParams,
 )
-from vla_sched.engine.memory.kv_config import KVMemoryConfig
-from vla_sched.engine.memory.kv_memory import KVMemory
-from vla_sched.engine.memory.pages import round_up_to_page
-from vla_sched.engine.scheduling.request import Req
-from vla_sched.engine.scheduling.scheduler import Scheduler
-from vla_sched.engine.scheduling.scheduler_config import SchedulerConfig
+from vla_sched.core.memory.kv_config import KVMemoryConfig
+from vla_sched.core.memory.kv_memory import KVMemory
+from vla_sched.core.memory.pages import round_up_to_page
+from vla_sched.core.scheduling.request import Req
+from vla_sched.core.scheduling.scheduler import Scheduler
+from vla_sched.core.scheduling.scheduler_config import SchedulerConfig
 
 RUNNERS = ('null', 'model')
 PAGE_SIZE = 16
@@ -128,8 +128,8 @@ class PromptShape:
 
 
 def prompt_shape(folder: Path) -> PromptShape:
-    from vla_sched.model.checkpoint_spec import read_checkpoint_spec
-    from vla_sched.model.prompt import VLAPromptBuilder
+    from vla_sched.model.config.formats import read_checkpoint_spec
+    from vla_sched.model.prompting.prompt import VLAPromptBuilder
 
     spec = read_checkpoint_spec(folder)
     layout = VLAPromptBuilder.from_checkpoint(folder, spec=spec).build('pick up the red block')
@@ -279,8 +279,8 @@ def _all_decoding(sched: Scheduler, batch_size: int) -> bool:
 
 def model_runner_factory(folder: Path, device: str, dtype: torch.dtype):
     """Loads the checkpoint once; each scheduler gets a runner on its own slot table."""
-    from vla_sched.model.checkpoint import load_checkpoint
-    from vla_sched.model.runner import ModelRunner, RunnerConfig
+    from vla_sched.model.loading.checkpoint import load_checkpoint
+    from vla_sched.model.runner.model_runner import ModelRunner, RunnerConfig
 
     model = load_checkpoint(folder, device=torch.device(device), dtype=dtype)
     graphs = torch.device(device).type == 'cuda'
@@ -306,7 +306,7 @@ def release_device_memory() -> None:
 
 
 def run(args: argparse.Namespace) -> list[CostPoint]:
-    from vla_sched.serving.checkpoints import resolve_checkpoint
+    from vla_sched.engine.checkpoints import resolve_checkpoint
 
     folder, _ = resolve_checkpoint(args.model_path)
     shape = prompt_shape(folder)

@@ -32,16 +32,16 @@ import torch
 from bench.capacity import CapacityMeasure
 from bench.openvla_h200_cost import ModelShape, one_at_a_time_step_ns
 from bench.sim_scheduler import build_sim_scheduler
-from vla_sched.engine.forward_batch import ImageInput, SamplingParams
-from vla_sched.engine.memory.kv_config import KVMemoryConfig
-from vla_sched.engine.memory.pages import round_up_to_page
-from vla_sched.engine.memory.radix_key import RadixKey
-from vla_sched.engine.scheduling.request import FinishKind, Req
-from vla_sched.engine.scheduling.scheduler import Scheduler
-from vla_sched.engine.scheduling.scheduler_config import SchedulerConfig
-from vla_sched.engine.sim_runner import HardwareCostModel, SimClock
-from vla_sched.serving.engine_config import EngineConfig
-from vla_sched.serving.scheduled_core import scheduler_config_for
+from vla_sched.core.forward_batch import ImageInput, SamplingParams
+from vla_sched.core.memory.kv_config import KVMemoryConfig
+from vla_sched.core.memory.pages import round_up_to_page
+from vla_sched.core.memory.radix_key import RadixKey
+from vla_sched.core.scheduling.request import FinishKind, Req
+from vla_sched.core.scheduling.scheduler import Scheduler
+from vla_sched.core.scheduling.scheduler_config import SchedulerConfig
+from vla_sched.engine.config import EngineConfig
+from vla_sched.engine.scheduled_core import scheduler_config_for
+from vla_sched.testing.sim_runner import HardwareCostModel, SimClock
 
 NS_PER_S = 1_000_000_000
 BOS_TOKEN_ID = 1

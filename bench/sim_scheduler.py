@@ -32,18 +32,18 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from vla_sched.engine.forward_batch import ForwardMode, ImageInput, SamplingParams
-from vla_sched.engine.memory.kv_config import KVMemoryConfig
-from vla_sched.engine.memory.kv_memory import KVMemory
-from vla_sched.engine.memory.radix_key import RadixKey
-from vla_sched.engine.scheduling.request import FinishKind, Req
-from vla_sched.engine.scheduling.scheduler import Scheduler
-from vla_sched.engine.scheduling.scheduler_config import (
+from vla_sched.core.forward_batch import ForwardMode, ImageInput, SamplingParams
+from vla_sched.core.memory.kv_config import KVMemoryConfig
+from vla_sched.core.memory.kv_memory import KVMemory
+from vla_sched.core.memory.radix_key import RadixKey
+from vla_sched.core.scheduling.request import FinishKind, Req
+from vla_sched.core.scheduling.scheduler import Scheduler
+from vla_sched.core.scheduling.scheduler_config import (
     SCHEDULE_POLICIES,
     PrefillDelayerConfig,
     SchedulerConfig,
 )
-from vla_sched.engine.sim_runner import CostModel, SimClock, SimRunner, StepCost, StepRecord
+from vla_sched.testing.sim_runner import CostModel, SimClock, SimRunner, StepCost, StepRecord
 
 MS = 1_000_000
 IMAGE_TOKEN_ID = 32000

@@ -4,7 +4,7 @@ Every robot keeps one step in flight and sends its next one, with a fresh synthe
 frame, the moment the previous one ends. Two transports:
 
 - ``zmq`` (the default): the engine in its own process, started as the node starts it
-  (``EngineClient`` with its ZMQ link: ``python -m vla_sched.serving.engine_main``, the
+  (``EngineClient`` with its ZMQ link: ``python -m vla_sched.engine.main``, the
   message server, the codec, heartbeats both ways, statistics every second); this process is
   the frontend.
 - ``inprocess``: the scheduled core driven in this process, no transport (its statistics
@@ -49,8 +49,8 @@ import numpy as np
 
 from bench.engine_steps import step_request
 from bench.soak_probe import PROBE_ENV, ProbeConfig, ProbedCore, ProbeReport, probe_env
+from vla_sched.engine.config import EngineConfig, EngineLinkConfig
 from vla_sched.ipc.messages import EngineStats, StepFailure, StepResult
-from vla_sched.serving.engine_config import EngineConfig, EngineLinkConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 TRANSPORTS = ('zmq', 'inprocess')
@@ -174,7 +174,7 @@ class _InProcessEngine:
     """The scheduled core in this process, probed; statistics every ``stats_period_s``."""
 
     def __init__(self, config: SoakConfig, probe: ProbeConfig) -> None:
-        from vla_sched.serving.scheduled_core import ScheduledCore
+        from vla_sched.engine.scheduled_core import ScheduledCore
 
         engine_config = config.engine_config()
         self.core = ProbedCore(ScheduledCore.from_config(engine_config), probe)
@@ -207,7 +207,7 @@ class _ZmqEngine:
     ``bench/soak_site``; the probe's report is read back when the process has stopped."""
 
     def __init__(self, config: SoakConfig, probe: ProbeConfig, *, start_timeout_s: float) -> None:
-        from vla_sched.serving.engine_client import EngineClient
+        from vla_sched.engine.client import EngineClient
 
         tracing = config.trace_frames > 0
         link = EngineLinkConfig(mode='process')

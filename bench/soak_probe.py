@@ -12,7 +12,7 @@ Python objects (torch, ZMQ, allocator fragmentation) shows too. ``close`` writes
 ``ProbeReport`` as JSON to ``out`` (when set) before it closes the core.
 
 In a soak through the transport the engine process is started exactly as the node starts it
-(``EngineClient``: ``python -m vla_sched.serving.engine_main``). The soak puts
+(``EngineClient``: ``python -m vla_sched.engine.main``). The soak puts
 ``bench/soak_site`` first on that process's ``PYTHONPATH`` and the probe's settings, as JSON,
 in ``VLA_SCHED_SOAK_PROBE``; that folder's ``sitecustomize`` calls ``install_from_env``,
 which wraps ``core_factory.build_core`` before ``engine_main`` imports it. Without the
@@ -277,7 +277,7 @@ def install_from_env() -> None:
     config = probe_config_from_env()
     if config is None:
         return
-    from vla_sched.serving import core_factory
+    from vla_sched.engine import core_factory
 
     build_core = core_factory.build_core
 

@@ -125,7 +125,7 @@ PY
 site=$("$vpy" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 echo "$root" > "$site/vla_sched_source.pth"
 
-"$vpy" -c 'import vla_sched.msg, vla_sched.engine' \
+"$vpy" -c 'import vla_sched.msg, vla_sched.core' \
   || die "the installed messages or the sources do not import"
 echo "$stamp" > "$marker"
 echo "setup: .venv ready ($("$vpy" -c 'import torch, rclpy; print("torch", torch.__version__)'))"

@@ -90,8 +90,8 @@ def test_robots_wait_for_their_step_in_flight_and_are_judged_on_the_windows_imag
 
 
 def test_the_projection_uses_the_scheduler_settings_the_engine_derives():
-    from vla_sched.serving.engine_config import EngineConfig
-    from vla_sched.serving.scheduled_core import ScheduledCore
+    from vla_sched.engine.config import EngineConfig
+    from vla_sched.engine.scheduled_core import ScheduledCore
 
     servers = _bench('sim_robot_servers')
     config = EngineConfig(

@@ -112,7 +112,7 @@ def test_baseline_robot_on_image_sends_each_new_image_once_its_step_ended():
 
 def test_null_runner_samples_the_first_allowed_token_only_where_asked():
     cost = _bench('scheduler_cost')
-    from vla_sched.engine.forward_batch import SamplingParams
+    from vla_sched.core.forward_batch import SamplingParams
 
     class Batch:
         sampling = (SamplingParams(5, 9), SamplingParams(7, 8))
@@ -214,8 +214,8 @@ def test_openvla_shaped_checkpoint_loads_in_both_engines(tmp_path):
     ckpt = _bench('openvla_checkpoint')
     baseline = _bench('baseline_node')
     folder = ckpt.write_openvla_checkpoint(tmp_path / 'ckpt', shrink=True, num_shards=2)
-    from vla_sched.model.checkpoint import load_checkpoint
-    from vla_sched.model.prompt import VLAPromptBuilder
+    from vla_sched.model.loading.checkpoint import load_checkpoint
+    from vla_sched.model.prompting.prompt import VLAPromptBuilder
 
     layout = VLAPromptBuilder.from_checkpoint(folder).build('pick up the block')
     assert layout.token_ids[0] == 1 and layout.image_offset == 1  # BOS, then the image

@@ -156,7 +156,7 @@ def test_write_kv_stores_what_the_store_reference_stores():
 
 
 def test_an_extend_step_runs_its_one_token_requests_as_one_decode_and_equals_the_reference():
-    from vla_sched.model.attention import AttentionMetadata, paged_attention
+    from vla_sched.model.layers.attention import AttentionMetadata, paged_attention
 
     generator = torch.Generator().manual_seed(7)
     seq_lens, extend = [12, 7, 30, 30, 9], [5, 1, 1, 4, 1]  # a prefill among running decodes

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from vla_sched.engine.forward_batch import ForwardBatch, ForwardMode, ImageInput, SamplingParams
+from vla_sched.core.forward_batch import ForwardBatch, ForwardMode, ImageInput, SamplingParams
 
 
 class PagedSlots:

@@ -9,15 +9,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from vla_sched.model.action_tokenizer import (
-    ActionChunkDecoder,
+from vla_sched.model.config.action_space import (
     ActionStatistics,
     ActionStatisticsError,
-    ActionTokenizer,
     ActionTokenizerConfig,
     load_action_statistics,
     select_statistics,
 )
+from vla_sched.model.prompting.action_tokenizer import ActionChunkDecoder, ActionTokenizer
 
 OPENVLA = ActionTokenizer(ActionTokenizerConfig(vocab_end=32000))
 HALF_BIN = 1.0 / 255.0  # half the width of one of OpenVLA's 255 bins on [-1, 1]

@@ -9,8 +9,8 @@ import pytest
 import torch
 from model_testing import PagedSlots, Step, make_batch
 
-from vla_sched.engine.forward_batch import FUTURE_TOKEN_ID
-from vla_sched.model.step_inputs import check_batch
+from vla_sched.core.forward_batch import FUTURE_TOKEN_ID
+from vla_sched.model.runner.step_inputs import check_batch
 
 VOCAB = 520
 

@@ -7,12 +7,14 @@ import json
 import pytest
 import torch
 
-from vla_sched.model.action_tokenizer import ActionStatisticsError
-from vla_sched.model.architecture import UnsupportedArchitectureError
-from vla_sched.model.checkpoint import load_checkpoint
-from vla_sched.model.checkpoint_spec import CheckpointError, read_checkpoint_spec
-from vla_sched.model.presets import preset_spec
-from vla_sched.model.tiny_checkpoint import build_tiny_checkpoint, random_model
+from vla_sched.model.config.action_space import ActionStatisticsError
+from vla_sched.model.config.architecture import UnsupportedArchitectureError
+from vla_sched.model.config.checkpoint_spec import CheckpointError
+from vla_sched.model.config.formats import read_checkpoint_spec
+from vla_sched.model.config.presets import preset_spec
+from vla_sched.model.loading.checkpoint import load_checkpoint
+from vla_sched.model.loading.tiny_checkpoint import build_tiny_checkpoint, random_model
+from vla_sched.model.prompting.action_tokenizer import ActionChunkDecoder
 
 
 def _edit_config(folder, edit) -> None:
@@ -150,9 +152,9 @@ def test_several_datasets_need_an_unnorm_key_before_actions_decode(tmp_path):
     (folder / 'vla_config.json').write_text(json.dumps(vla))
     spec = read_checkpoint_spec(folder)
     with pytest.raises(ActionStatisticsError, match='pass an unnorm_key'):
-        spec.action_decoder()
+        ActionChunkDecoder.for_checkpoint(spec)
     assert spec.with_unnorm_key('other_robot').action_dim == 6
-    assert spec.action_decoder('tiny_sim').action_dim == 7
+    assert ActionChunkDecoder.for_checkpoint(spec, 'tiny_sim').action_dim == 7
 
 
 def test_random_model_of_the_tiny_preset_equals_the_seed_0_checkpoint(tiny_model):
@@ -167,8 +169,8 @@ def test_random_model_of_the_tiny_preset_equals_the_seed_0_checkpoint(tiny_model
 
 def _openvla_folder(folder, *, variant='fused', tiny=True, datasets=('bridge_orig',)):
     """An OpenVLA-format folder's JSON files (config with norm_stats, tokenizer), no weights."""
-    from vla_sched.model.llama_tokenizer_files import llama_like_tokenizer_json
-    from vla_sched.model.presets import openvla_config, openvla_norm_stats
+    from vla_sched.model.config.presets import openvla_config, openvla_norm_stats
+    from vla_sched.testing.llama_tokenizer_files import llama_like_tokenizer_json
 
     folder.mkdir(parents=True, exist_ok=True)
     config = openvla_config(variant, tiny=tiny, norm_stats=openvla_norm_stats(datasets))
@@ -287,7 +289,7 @@ def test_openvla_folder_without_tokenizer_is_refused(tmp_path):
 
 
 def test_openvla_statistics_file_wins_over_norm_stats_in_config(tmp_path):
-    from vla_sched.model.presets import openvla_norm_stats
+    from vla_sched.model.config.presets import openvla_norm_stats
 
     folder = _openvla_folder(tmp_path, datasets=('a', 'b'))
     assert sorted(read_checkpoint_spec(folder).action_statistics) == ['a', 'b']

@@ -6,12 +6,12 @@ import pytest
 import torch
 from model_testing import PagedSlots, Step, make_batch, random_image
 
-from vla_sched.engine.forward_batch import ImageInput, SamplingParams
-from vla_sched.model.checkpoint import load_checkpoint
-from vla_sched.model.prompt import VLAPromptBuilder
-from vla_sched.model.runner import ModelRunner, RunnerConfig
-from vla_sched.model.tiny_checkpoint import build_tiny_checkpoint
-from vla_sched.model.vision import preprocess_image
+from vla_sched.core.forward_batch import ImageInput, SamplingParams
+from vla_sched.model.layers.vision import preprocess_image
+from vla_sched.model.loading.checkpoint import load_checkpoint
+from vla_sched.model.loading.tiny_checkpoint import build_tiny_checkpoint
+from vla_sched.model.prompting.prompt import VLAPromptBuilder
+from vla_sched.model.runner.model_runner import ModelRunner, RunnerConfig
 
 TOLERANCE = 1e-4
 

@@ -14,16 +14,17 @@ import pytest
 import torch
 from model_testing import PagedSlots, Step, make_batch
 
-from vla_sched.engine.forward_batch import ImageInput, SamplingParams
+from vla_sched.core.forward_batch import ImageInput, SamplingParams
+from vla_sched.engine.config import EngineConfig
+from vla_sched.engine.scheduled_core import ScheduledCore
 from vla_sched.ipc.messages import StepRequest, StepResult
-from vla_sched.model.checkpoint import load_checkpoint
-from vla_sched.model.checkpoint_spec import CheckpointError
+from vla_sched.model.config.checkpoint_spec import CheckpointError
 from vla_sched.model.hf_openvla import HFOpenVLAPolicy
-from vla_sched.model.openvla_writer import write_openvla_checkpoint
-from vla_sched.model.prompt import VLAPromptBuilder
-from vla_sched.model.runner import ModelRunner, RunnerConfig
-from vla_sched.serving.engine_config import EngineConfig
-from vla_sched.serving.scheduled_core import ScheduledCore
+from vla_sched.model.loading.checkpoint import load_checkpoint
+from vla_sched.model.prompting.action_tokenizer import ActionChunkDecoder
+from vla_sched.model.prompting.prompt import VLAPromptBuilder
+from vla_sched.model.runner.model_runner import ModelRunner, RunnerConfig
+from vla_sched.testing.openvla_writer import write_openvla_checkpoint
 
 pytestmark = pytest.mark.slow
 ACTION_TOLERANCE = 1e-6
@@ -77,7 +78,7 @@ def test_generate_picks_the_same_greedy_ids_and_actions_as_our_runner(folders, v
     ids = policy.action_token_ids(image, instruction)
     assert len(ids) == policy.num_action_tokens == 7
     assert ids == _runner_greedy_ids(folder, image, instruction)
-    expected = policy.spec.action_decoder().decode(ids, clip_to_bins=True)
+    expected = ActionChunkDecoder.for_checkpoint(policy.spec).decode(ids, clip_to_bins=True)
     actions = policy.predict(image, instruction)
     assert actions.shape == (1, 7)
     np.testing.assert_allclose(actions, expected, rtol=0, atol=ACTION_TOLERANCE)
@@ -131,7 +132,7 @@ def test_the_unnorm_key_chooses_the_datasets_statistics(tmp_path):
 
 
 def test_a_llava_folder_is_refused(tmp_path):
-    from vla_sched.model.tiny_checkpoint import build_tiny_checkpoint
+    from vla_sched.model.loading.tiny_checkpoint import build_tiny_checkpoint
 
     with pytest.raises(CheckpointError, match='not an OpenVLA-format checkpoint'):
         HFOpenVLAPolicy(build_tiny_checkpoint(tmp_path, seed=0))

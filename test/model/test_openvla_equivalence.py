@@ -22,12 +22,13 @@ import torch
 from model_testing import PagedSlots, Step, make_batch, random_image
 from timm_vit_reference import reference_image_embeddings
 
-from vla_sched.engine.forward_batch import ImageInput, SamplingParams
-from vla_sched.model.checkpoint import load_checkpoint
-from vla_sched.model.openvla_spec import openvla_vision_spec
-from vla_sched.model.openvla_writer import write_openvla_checkpoint
-from vla_sched.model.prompt import VLAPromptBuilder
-from vla_sched.model.runner import ModelRunner, RunnerConfig
+from vla_sched.core.forward_batch import ImageInput, SamplingParams
+from vla_sched.model.config.openvla_towers import openvla_vision_spec
+from vla_sched.model.loading.checkpoint import load_checkpoint
+from vla_sched.model.prompting.action_tokenizer import ActionChunkDecoder
+from vla_sched.model.prompting.prompt import VLAPromptBuilder
+from vla_sched.model.runner.model_runner import ModelRunner, RunnerConfig
+from vla_sched.testing.openvla_writer import write_openvla_checkpoint
 
 RELATIVE_TOLERANCE = 1e-4
 IMAGE_SIZE = 224
@@ -168,7 +169,9 @@ class OpenVLASetup:
         return generated
 
     def actions(self, token_ids: list[int]) -> np.ndarray:
-        return self.model.spec.action_decoder().decode(token_ids, clip_to_bins=True)[0]
+        return ActionChunkDecoder.for_checkpoint(self.model.spec).decode(
+            token_ids, clip_to_bins=True
+        )[0]
 
 
 def relative_error(ours: torch.Tensor, ref: torch.Tensor) -> float:

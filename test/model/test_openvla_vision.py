@@ -14,20 +14,20 @@ from timm_vit_reference import (
     reference_projector,
 )
 
-from vla_sched.model.action_tokenizer import ActionTokenizerConfig, load_action_statistics
-from vla_sched.model.architecture import DecoderSpec
-from vla_sched.model.checkpoint import load_checkpoint
-from vla_sched.model.checkpoint_spec import (
+from vla_sched.model.config.action_space import ActionTokenizerConfig, load_action_statistics
+from vla_sched.model.config.architecture import DecoderSpec
+from vla_sched.model.config.checkpoint_spec import (
     CheckpointError,
     CheckpointSpec,
     ImagePreprocessing,
     PromptTemplate,
 )
-from vla_sched.model.openvla_spec import OpenVLAVisionSpec, openvla_vision_spec
-from vla_sched.model.openvla_weights import hf_tower_state, match_module_names
-from vla_sched.model.vision import preprocess_image
-from vla_sched.model.vla_model import assemble_openvla_vision
-from vla_sched.model.weights import canonical_name, decoder_shapes, split_names
+from vla_sched.model.config.openvla_towers import OpenVLAVisionSpec, openvla_vision_spec
+from vla_sched.model.layers.vision import preprocess_image
+from vla_sched.model.loading.checkpoint import load_checkpoint
+from vla_sched.model.loading.openvla_weights import hf_tower_state, match_module_names
+from vla_sched.model.loading.vla_model import assemble_openvla_vision
+from vla_sched.model.loading.weights import canonical_name, decoder_shapes, split_names
 
 DINO_ID = 'vit_large_patch14_reg4_dinov2.lvd142m'
 SIGLIP_ID = 'vit_so400m_patch14_siglip_224'

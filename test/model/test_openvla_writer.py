@@ -8,11 +8,11 @@ import math
 import pytest
 from safetensors import safe_open
 
-from vla_sched.model.openvla_writer import (
+from vla_sched.model.config.presets import openvla_7b_config, openvla_config
+from vla_sched.testing.openvla_writer import (
     openvla_tensor_shapes,
     write_openvla_checkpoint,
 )
-from vla_sched.model.presets import openvla_7b_config, openvla_config
 
 FILES = {
     'config.json',

@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from vla_sched.model.checkpoint_spec import PromptTemplate
-from vla_sched.model.prompt import VLAPromptBuilder
+from vla_sched.model.config.checkpoint_spec import PromptTemplate
+from vla_sched.model.prompting.prompt import VLAPromptBuilder
 
 
 def test_prompt_is_bos_instruction_image_then_suffix(prompt_builder):
@@ -66,7 +66,7 @@ def test_prompt_modules_import_without_torch_or_transformers():
     import subprocess
 
     code = (
-        'import sys, vla_sched.model.prompt, vla_sched.model.action_tokenizer;'
+        'import sys, vla_sched.model.prompting.prompt, vla_sched.model.prompting.action_tokenizer;'
         'print("torch" in sys.modules, "transformers" in sys.modules)'
     )
     root = Path(__file__).resolve().parents[2]
@@ -85,14 +85,14 @@ OPENVLA_SPACE_ID = 29871  # Llama 2's bare '▁' piece
 def llama_tokenizer():
     import tokenizers
 
-    from vla_sched.model.llama_tokenizer_files import llama_like_tokenizer_json
+    from vla_sched.testing.llama_tokenizer_files import llama_like_tokenizer_json
 
     return tokenizers.Tokenizer.from_str(llama_like_tokenizer_json())
 
 
 def _openvla_builder(tokenizer, variant: str, prompt: PromptTemplate | None = None):
-    from vla_sched.model.checkpoint_spec import spec_from_dicts
-    from vla_sched.model.presets import openvla_config, openvla_norm_stats
+    from vla_sched.model.config.formats import spec_from_dicts
+    from vla_sched.model.config.presets import openvla_config, openvla_norm_stats
 
     spec = spec_from_dicts(openvla_config(variant, tiny=True), {}, openvla_norm_stats())
     if prompt is not None:

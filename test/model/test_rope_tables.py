@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from vla_sched.model.architecture import RopeSpec
-from vla_sched.model.rope import apply_rope, rope_cos_sin, rope_inv_freq, rope_tables
+from vla_sched.model.config.architecture import RopeSpec
+from vla_sched.model.layers.rope import apply_rope, rope_cos_sin, rope_inv_freq, rope_tables
 
 
 def _rotate_half_formula(x, cos, sin):

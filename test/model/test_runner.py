@@ -8,9 +8,9 @@ import pytest
 import torch
 from model_testing import PagedSlots, Step, make_batch, random_image
 
-from vla_sched.engine.forward_batch import ForwardBatch, ForwardMode, ImageInput, SamplingParams
-from vla_sched.model.runner import ModelRunner, RunnerConfig
-from vla_sched.model.sampling import sample_next_tokens
+from vla_sched.core.forward_batch import ForwardBatch, ForwardMode, ImageInput, SamplingParams
+from vla_sched.model.layers.sampling import sample_next_tokens
+from vla_sched.model.runner.model_runner import ModelRunner, RunnerConfig
 
 ACTIONS = SamplingParams(260, 516)
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 from model_testing import PagedSlots, Step, make_batch, random_image
 
-from vla_sched.engine.forward_batch import ImageInput
-from vla_sched.model.runner import ModelRunner, RunnerConfig
+from vla_sched.core.forward_batch import ImageInput
+from vla_sched.model.runner.model_runner import ModelRunner, RunnerConfig
 
 
 def _runner(model, slots: PagedSlots) -> ModelRunner:

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from vla_sched.model.vision import FeatureCache, preprocess_image
+from vla_sched.model.layers.vision import FeatureCache, preprocess_image
 
 ONE_LEVEL = 2.0 / 255.0  # one uint8 step after normalizing with mean 0.5, std 0.5
 
@@ -68,7 +68,7 @@ def test_feature_cache_evicts_the_least_recently_used():
 def test_a_meta_built_tower_gets_its_position_ids_and_refuses_other_unloaded_buffers():
     from torch import nn
 
-    from vla_sched.model.vision import materialize_buffers
+    from vla_sched.model.layers.vision import materialize_buffers
 
     with torch.device('meta'):
         embeddings = nn.Module()

@@ -28,7 +28,7 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch.nn import functional as F
 
-from vla_sched.model.openvla_spec import TowerSpec
+from vla_sched.model.config.openvla_towers import TowerSpec
 
 TOWER_PREFIXES = ('vision_backbone.featurizer.', 'vision_backbone.fused_featurizer.')
 PROJECTOR_PREFIX = 'projector.'

@@ -71,7 +71,7 @@ def test_colcon_installs_messages_sources_kernels_and_executables(install_space)
         pkg / 'lib' / f'python{sys.version_info.major}.{sys.version_info.minor}' / 'site-packages'
     )
     assert (site / 'vla_sched' / 'msg' / '_action_chunk.py').is_file()
-    assert (site / 'vla_sched' / 'engine' / 'forward_batch.py').is_file()
+    assert (site / 'vla_sched' / 'core' / 'forward_batch.py').is_file()
     assert (site / 'vla_sched' / 'kernels' / '__init__.py').is_file()
     assert not (site / 'vla_sched' / 'kernels').is_symlink()
     executables = sorted(p.name for p in (pkg / 'lib' / 'vla_sched').iterdir())
@@ -85,9 +85,9 @@ def test_colcon_installs_messages_sources_kernels_and_executables(install_space)
 
 def test_sourced_install_space_imports_its_own_messages_and_sources(install_space, tmp_path):
     code = (
-        'import vla_sched.engine, vla_sched.kernels\n'
+        'import vla_sched.core, vla_sched.kernels\n'
         'from vla_sched.msg import ActionChunk, StepRejected\n'
-        'print(vla_sched.engine.__file__)\n'
+        'print(vla_sched.core.__file__)\n'
         'print(ActionChunk.ACTION_SPACE_EE_DELTA, StepRejected.REASON_SUPERSEDED)'
     )
     script = f'. {install_space}/setup.bash && {sys.executable} -c "$CODE"'

@@ -16,9 +16,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _import_locations(cwd: Path) -> dict[str, str]:
     code = (
-        'import json, vla_sched.msg, vla_sched.engine, vla_sched.kernels\n'
+        'import json, vla_sched.msg, vla_sched.core, vla_sched.kernels\n'
         'print(json.dumps({m.__name__: m.__file__ for m in '
-        '(vla_sched.msg, vla_sched.engine, vla_sched.kernels)}))'
+        '(vla_sched.msg, vla_sched.core, vla_sched.kernels)}))'
     )
     out = subprocess.run(
         [sys.executable, '-c', code], cwd=cwd, capture_output=True, text=True, check=True
@@ -30,7 +30,7 @@ def _import_locations(cwd: Path) -> dict[str, str]:
 
 def test_messages_come_from_the_install_prefix_and_sources_from_the_checkout(tmp_path):
     where = _import_locations(tmp_path)  # outside the checkout: no '' entry pointing at it
-    assert Path(where['vla_sched.engine']).is_relative_to(ROOT / 'vla_sched')
+    assert Path(where['vla_sched.core']).is_relative_to(ROOT / 'vla_sched')
     assert Path(where['vla_sched.kernels']).resolve().is_relative_to(ROOT / 'kernels')
     msg_path = Path(where['vla_sched.msg'])
     assert not msg_path.is_relative_to(ROOT / 'vla_sched'), 'messages must be generated code'

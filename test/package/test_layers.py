@@ -1,11 +1,18 @@
-"""Imports go one way and the engine needs no ROS.
+"""Imports go one way and the core needs no ROS.
 
-    ros -> serving -> ipc          (the node, the serving logic, the transport)
-            serving -> model -> engine   (model runner -> the scheduler's plain-data seam)
-                       model -> kernels
-    engine/scheduling -> engine/memory
+    ros -> engine -> ipc          (the node, the engine process, the transport)
+           engine -> model -> core      (model runner -> the scheduler's plain-data seam)
+                     model -> kernels
+    core/scheduling -> core/memory
+
+Inside model/, each concern builds on those before it, as SGLang stacks configs < layers <
+model_loader < model_executor:
+
+    model/config < model/prompting, model/layers < model/loading < model/runner
 
 ipc holds only messages, their codec, channels and heartbeats; it imports no other layer.
+vla_sched.testing (checkpoint writers, the simulated runner) is for tests and benchmarks:
+the product never imports it.
 """
 
 from __future__ import annotations
@@ -18,17 +25,28 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 
+_PRODUCT = {'vla_sched.ros', 'vla_sched.engine', 'vla_sched.ipc', 'vla_sched.core',
+            'vla_sched.model', 'rclpy'}  # fmt: skip
+_ALL = _PRODUCT | {'vla_sched.testing'}
+_MODEL_ORDER = ('config', 'prompting', 'layers', 'loading', 'runner')
 # For each layer, the vla_sched subpackages and third-party modules it must never import.
-_ALL = {'vla_sched.ros', 'vla_sched.serving', 'vla_sched.ipc', 'vla_sched.engine',
-        'vla_sched.model', 'rclpy'}  # fmt: skip
 FORBIDDEN = {
-    'vla_sched/serving': {'vla_sched.ros', 'rclpy'},
+    'vla_sched/ros': {'vla_sched.testing'},
+    'vla_sched/engine': {'vla_sched.ros', 'rclpy', 'vla_sched.testing'},
     'vla_sched/ipc': _ALL - {'vla_sched.ipc'},
-    'vla_sched/model': {'vla_sched.ros', 'vla_sched.serving', 'vla_sched.ipc', 'rclpy'},
-    'vla_sched/engine': _ALL - {'vla_sched.engine'},
-    'vla_sched/engine/memory': (_ALL - {'vla_sched.engine'}) | {'vla_sched.engine.scheduling'},
+    'vla_sched/model': _ALL - {'vla_sched.model', 'vla_sched.core'},
+    'vla_sched/core': _ALL - {'vla_sched.core'},
+    'vla_sched/core/memory': (_ALL - {'vla_sched.core'}) | {'vla_sched.core.scheduling'},
     'kernels': _ALL,
+    **{
+        f'vla_sched/model/{concern}': {
+            f'vla_sched.model.{above}' for above in (*_MODEL_ORDER[i + 1 :], 'hf_openvla')
+        }
+        for i, concern in enumerate(_MODEL_ORDER)
+    },
 }
+# prompting and layers sit side by side: neither imports the other.
+FORBIDDEN['vla_sched/model/prompting'] |= {'vla_sched.model.layers'}
 ROS_MESSAGE_MODULES = (
     'std_msgs',
     'sensor_msgs',
@@ -53,7 +71,9 @@ def _imports(path: Path) -> set[str]:
 def test_lower_layers_never_import_upper_layers_or_ros():
     problems = []
     for layer, forbidden in FORBIDDEN.items():
-        banned = forbidden | set(ROS_MESSAGE_MODULES)
+        banned = set(forbidden)
+        if layer != 'vla_sched/ros':
+            banned |= set(ROS_MESSAGE_MODULES)
         for path in sorted((ROOT / layer).rglob('*.py')):
             for name in _imports(path):
                 if any(name == b or name.startswith(b + '.') for b in banned):
@@ -61,7 +81,13 @@ def test_lower_layers_never_import_upper_layers_or_ros():
     assert problems == []
 
 
-def test_engine_imports_with_rclpy_unavailable_and_no_cuda(tmp_path):
+def test_the_model_concerns_each_hold_a_package_in_the_order_they_build_on():
+    model = ROOT / 'vla_sched' / 'model'
+    packages = sorted(p.name for p in model.iterdir() if (p / '__init__.py').is_file())
+    assert packages == sorted(_MODEL_ORDER)
+
+
+def test_core_imports_with_rclpy_unavailable_and_no_cuda(tmp_path):
     # A meta-path hook makes rclpy and the message packages unimportable for this process.
     code = """
 import importlib, pkgutil, sys
@@ -70,19 +96,19 @@ class Block:
         if name.split('.')[0] in {'rclpy', 'std_msgs', 'sensor_msgs', 'diagnostic_msgs'}:
             raise ImportError(f'{name} is blocked for this test')
 sys.meta_path.insert(0, Block())
-import vla_sched.engine
-for mod in pkgutil.walk_packages(vla_sched.engine.__path__, 'vla_sched.engine.'):
+import vla_sched.core
+for mod in pkgutil.walk_packages(vla_sched.core.__path__, 'vla_sched.core.'):
     importlib.import_module(mod.name)
 import torch
 assert not torch.cuda.is_available()
 leaked = sorted(m for m in sys.modules if m.split('.')[0] in {'rclpy', 'vla_sched'}
                 and (m.startswith('rclpy') or m.startswith('vla_sched.msg')))
 assert not leaked, leaked
-print('engine ok', len([m for m in sys.modules if m.startswith('vla_sched.engine')]))
+print('core ok', len([m for m in sys.modules if m.startswith('vla_sched.core')]))
 """
     env = dict(os.environ, CUDA_VISIBLE_DEVICES='')
     proc = subprocess.run(
         [sys.executable, '-c', code], cwd=tmp_path, env=env, capture_output=True, text=True
     )
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.startswith('engine ok')
+    assert proc.stdout.startswith('core ok')

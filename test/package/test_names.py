@@ -2,7 +2,7 @@
 
 * No top-level class name is defined twice in ``vla_sched/`` and ``kernels/``: a reader
   (and an import) must never have to guess which ``StepResult`` is meant.
-* Page rounding is written only in ``vla_sched/engine/memory/pages.py``. Outside it, in
+* Page rounding is written only in ``vla_sched/core/memory/pages.py``. Outside it, in
   ``vla_sched/`` and ``bench/`` code (comments and strings aside), these idioms are
   refused: rounding to a multiple (``-(-x // d) * d``, ``x // d * d``, ``x - x % d``) for
   any ``d``, and ceiling division (``-(-x // d)``, ``(x + d - 1) // d``) when ``d`` names a
@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PAGES_MODULE = ROOT / 'vla_sched' / 'engine' / 'memory' / 'pages.py'
+PAGES_MODULE = ROOT / 'vla_sched' / 'core' / 'memory' / 'pages.py'
 
 _DIVISOR = r'(?P<d>[\w.]+)'
 _PAGE_DIVISOR = r'(?P<d>[\w.]*page[\w.]*|[pP])'

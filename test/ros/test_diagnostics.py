@@ -175,7 +175,7 @@ def test_windows_and_units_are_in_the_keys():
 
 
 def test_the_stated_engine_windows_are_the_engines():
-    from vla_sched.engine.scheduling.scheduler_config import SchedulerConfig
+    from vla_sched.core.scheduling.scheduler_config import SchedulerConfig
 
     config = SchedulerConfig()
     assert config.latency_window_size == k.ENGINE_LATENCY_WINDOW

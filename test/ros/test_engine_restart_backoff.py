@@ -8,9 +8,12 @@ from pathlib import Path
 
 import pytest
 
+from vla_sched.engine.checkpoints import check_model_path
+from vla_sched.engine.client import EngineClient
+from vla_sched.engine.config import EngineConfig, EngineLinkConfig
 from vla_sched.ipc.channel import IPC_SCHEME
 from vla_sched.ipc.messages import EngineInfo
-from vla_sched.model.tiny_checkpoint import build_tiny_checkpoint
+from vla_sched.model.loading.tiny_checkpoint import build_tiny_checkpoint
 from vla_sched.ros.engine_link import (
     DEAD,
     READY,
@@ -19,9 +22,6 @@ from vla_sched.ros.engine_link import (
     restart_attempt,
     restart_delay,
 )
-from vla_sched.serving.checkpoints import check_model_path
-from vla_sched.serving.engine_client import EngineClient
-from vla_sched.serving.engine_config import EngineConfig, EngineLinkConfig
 
 INFO = EngineInfo('fake', 0, 1, 1, 8, 16, True)
 

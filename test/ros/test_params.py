@@ -10,6 +10,7 @@ import rclpy
 import yaml
 from rclpy.parameter import Parameter
 
+from vla_sched.engine.config import EngineConfig, EngineConfigError, EngineLinkConfig
 from vla_sched.ros import parameters
 from vla_sched.ros.node_config import (
     ConfigError,
@@ -17,7 +18,6 @@ from vla_sched.ros.node_config import (
     FrontendConfig,
     RobotConfig,
 )
-from vla_sched.serving.engine_config import EngineConfig, EngineConfigError, EngineLinkConfig
 from vla_sched.settings import settings_of
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -364,7 +364,7 @@ def test_runtime_changes_are_validated_then_applied(context):
 def test_a_model_path_with_several_datasets_and_no_unnorm_key_stops_start_up(tmp_path, capsys):
     import json
 
-    from vla_sched.model.presets import openvla_config, openvla_norm_stats
+    from vla_sched.model.config.presets import openvla_config, openvla_norm_stats
     from vla_sched.ros.node import main
 
     config = openvla_config('fused', tiny=True, norm_stats=openvla_norm_stats(('a', 'b')))

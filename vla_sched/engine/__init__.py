@@ -1,1 +1,1 @@
-"""Scheduling and KV memory: pure Python with CPU torch index tensors; no ROS, no CUDA."""
+"""The engine process: config, entry point, message server, client, the cores that serve steps."""

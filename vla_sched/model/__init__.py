@@ -1,1 +1,3 @@
-"""The VLA model on paged KV: decoder, vision tower, action tokens, loading, model runner."""
+"""The VLA model by concern, each building on those before it:
+config < prompting, layers < loading < runner.
+"""

@@ -21,17 +21,18 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from vla_sched.model.checkpoint import weight_files
-from vla_sched.model.checkpoint_spec import (
+from vla_sched.model.config.checkpoint_spec import (
     CONFIG_FILE,
     CheckpointError,
     CheckpointSpec,
-    read_checkpoint_spec,
     read_json,
 )
-from vla_sched.model.openvla_checkpoint import openvla_text_config
-from vla_sched.model.openvla_spec import OpenVLAVisionSpec
-from vla_sched.model.weights import OPENVLA_PROJECTOR_PREFIX, OPENVLA_TOWER_PREFIX
+from vla_sched.model.config.formats import read_checkpoint_spec
+from vla_sched.model.config.openvla import openvla_text_config
+from vla_sched.model.config.openvla_towers import OpenVLAVisionSpec
+from vla_sched.model.loading.checkpoint import weight_files
+from vla_sched.model.loading.weights import OPENVLA_PROJECTOR_PREFIX, OPENVLA_TOWER_PREFIX
+from vla_sched.model.prompting.action_tokenizer import ActionChunkDecoder
 
 LANGUAGE_MODEL_PREFIX = 'language_model.'
 LM_HEAD_NAME = 'lm_head.weight'
@@ -65,7 +66,7 @@ class HFOpenVLAPolicy:
         unnorm_key: str | None = None,
         spec: CheckpointSpec | None = None,
     ) -> None:
-        from vla_sched.model.prompt import VLAPromptBuilder
+        from vla_sched.model.prompting.prompt import VLAPromptBuilder
 
         folder = Path(folder)
         spec = spec if spec is not None else read_checkpoint_spec(folder)
@@ -75,7 +76,7 @@ class HFOpenVLAPolicy:
             raise CheckpointError(f'{folder} is not an OpenVLA-format checkpoint')
         self.spec = spec
         self.device, self.dtype = torch.device(device), dtype
-        self.decoder = spec.action_decoder()
+        self.decoder = ActionChunkDecoder.for_checkpoint(spec)
         self.prompts = VLAPromptBuilder.from_checkpoint(folder, spec)
         self.llm, self.vision = _load_parts(folder, spec, self.device, dtype)
 
@@ -99,7 +100,7 @@ class HFOpenVLAPolicy:
         """
         from transformers import LogitsProcessorList
 
-        from vla_sched.model.vision import preprocess_image
+        from vla_sched.model.layers.vision import preprocess_image
 
         layout = self.prompts.build(instruction)
         ids = torch.tensor(layout.token_ids, device=self.device)
@@ -133,7 +134,7 @@ def _load_parts(
     from safetensors import safe_open
     from transformers import AutoModelForCausalLM, LlamaConfig
 
-    from vla_sched.model.vla_model import assemble_openvla_vision
+    from vla_sched.model.loading.vla_model import assemble_openvla_vision
 
     files = weight_files(folder)
     vision_prefixes = (OPENVLA_PROJECTOR_PREFIX, OPENVLA_TOWER_PREFIX)

@@ -30,18 +30,18 @@ import yaml
 from diagnostic_msgs.msg import DiagnosticArray
 from rclpy.executors import SingleThreadedExecutor
 
-from vla_sched.ros.diagnostic_keys import (
-    CACHE_HIT_KEY,
-    STEP_LATENCY_P50_KEY,
-    STEP_LATENCY_P99_KEY,
-    is_scheduler_status,
-)
-from vla_sched.serving.engine_config import (
+from vla_sched.engine.config import (
     CORES,
     DEVICES,
     ENGINE_MODES,
     EngineConfig,
     EngineLinkConfig,
+)
+from vla_sched.ros.diagnostic_keys import (
+    CACHE_HIT_KEY,
+    STEP_LATENCY_P50_KEY,
+    STEP_LATENCY_P99_KEY,
+    is_scheduler_status,
 )
 
 

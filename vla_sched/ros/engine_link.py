@@ -20,8 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from vla_sched.engine.config import EngineLinkConfig
 from vla_sched.ipc.messages import EngineInfo, EngineStats
-from vla_sched.serving.engine_config import EngineLinkConfig
 
 STARTING = 'starting'
 READY = 'ready'
@@ -46,7 +46,7 @@ def restart_delay(attempt: int, *, first_s: float, max_s: float) -> float:
 
 
 class EngineClientLike(Protocol):
-    """The part of ``vla_sched.serving.engine_client.EngineClient`` the link and the node
+    """The part of ``vla_sched.engine.client.EngineClient`` the link and the node
     use. ``on_arrival`` is called (from any thread) when ``poll`` has messages to return or
     the engine has ended; nothing needs to poll in between."""
 

@@ -31,6 +31,8 @@ from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
 from rclpy.node import Node
 from rclpy.signals import SignalHandlerOptions
 
+from vla_sched.engine.checkpoints import check_model_path
+from vla_sched.engine.client import EngineClient, EngineUnavailable
 from vla_sched.ipc.codec import CodecError
 from vla_sched.ipc.messages import (
     CloseSession,
@@ -56,8 +58,6 @@ from vla_sched.ros.robot_slot import Refusal, RobotSlot
 from vla_sched.ros.robot_topics import RobotTopics, quiet_publisher
 from vla_sched.ros.shutdown import ShutdownRequest
 from vla_sched.ros.topic_check import PublisherCheck
-from vla_sched.serving.checkpoints import check_model_path
-from vla_sched.serving.engine_client import EngineClient, EngineUnavailable
 
 NODE_NAME = 'vla_sched'
 

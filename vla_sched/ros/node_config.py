@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from vla_sched.engine.config import EngineConfig, EngineLinkConfig
 from vla_sched.ipc import codec
 from vla_sched.ipc.channel import DEFAULT_MAX_MESSAGE_BYTES
 from vla_sched.ipc.messages import StepRequest
-from vla_sched.serving.engine_config import EngineConfig, EngineLinkConfig
 from vla_sched.settings import check_settings, setting, setting_like, settings_of
 
 TRIGGERS = ('periodic', 'on_image')

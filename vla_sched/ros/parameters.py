@@ -40,9 +40,9 @@ from rcl_interfaces.msg import (
     SetParametersResult,
 )
 
+from vla_sched.engine.config import EngineConfigError
 from vla_sched.ros.conversions import ConversionError, check_instruction
 from vla_sched.ros.node_config import ConfigError, FrontendConfig, RobotConfig
-from vla_sched.serving.engine_config import EngineConfigError
 from vla_sched.settings import Setting, settings_of
 from vla_sched.settings import check_value as check_setting_value
 

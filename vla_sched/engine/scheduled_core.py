@@ -1,0 +1,296 @@
+"""The engine core that batches every robot's steps: scheduler + paged KV + model runner.
+
+A ``StepRequest`` becomes a scheduler ``Req``: the prompt from the checkpoint's template
+(session prefix, image placeholder span keyed by the frame's content hash, suffix), the
+robot's session (opened on its first step, its prefix swapped when the instruction
+version changes), H*D action tokens to decode, the robot's deadline. Each ``step`` runs one
+scheduler iteration; requests that end become ``StepResult`` (tokens -> actions) or
+``StepFailure`` (the abort reason mapped to the frontend's reasons).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from vla_sched.core.forward_batch import ImageInput, SamplingParams
+from vla_sched.core.memory.kv_config import KVMemoryConfig
+from vla_sched.core.memory.kv_memory import KVMemory
+from vla_sched.core.memory.pages import round_down_to_page, round_up_to_page
+from vla_sched.core.memory.radix_key import RadixKey
+from vla_sched.core.scheduling.request import AbortReason, Req
+from vla_sched.core.scheduling.scheduler import Scheduler
+from vla_sched.core.scheduling.scheduler_config import PrefillDelayerConfig, SchedulerConfig
+from vla_sched.engine.checkpoints import (
+    check_model_path,
+    decodes_whole_vocab,
+    read_configured_spec,
+    resolve_checkpoint,
+)
+from vla_sched.engine.config import EngineConfig
+from vla_sched.engine.core_stats import engine_info, engine_stats, refuse_malformed
+from vla_sched.engine.device_choice import pick_device_and_dtype
+from vla_sched.engine.step_checks import image_content_hash
+from vla_sched.ipc.messages import (
+    EngineInfo,
+    EngineStats,
+    FailureReason,
+    StepFailure,
+    StepRequest,
+    StepResult,
+)
+from vla_sched.model.prompting.action_tokenizer import ActionChunkDecoder
+
+logger = logging.getLogger(__name__)
+
+# Scheduler abort reasons as the frontend reports them; the rest are internal errors.
+FAILURE_OF_ABORT = {
+    AbortReason.OUT_OF_MEMORY: FailureReason.KV_POOL_FULL,
+    AbortReason.SUPERSEDED: FailureReason.SUPERSEDED,
+    AbortReason.DEADLINE_MISSED: FailureReason.DEADLINE_MISSED,
+    AbortReason.WAITING_TIMEOUT: FailureReason.DEADLINE_MISSED,
+    AbortReason.RUNNING_TIMEOUT: FailureReason.DEADLINE_MISSED,
+    AbortReason.PROMPT_TOO_LONG: FailureReason.INVALID_INSTRUCTION,
+    AbortReason.MAX_NEW_TOKENS_UNFIT: FailureReason.KV_POOL_FULL,
+    AbortReason.QUEUE_FULL: FailureReason.QUEUE_FULL,
+    AbortReason.PREEMPTED_BY_PRIORITY: FailureReason.QUEUE_FULL,
+    AbortReason.CLIENT: FailureReason.CANCELLED,
+    AbortReason.SESSION_CLOSED: FailureReason.CANCELLED,
+}
+PROMPT_MARGIN_TOKENS = 64  # template text around the instruction, in tokens
+
+
+class ScheduledCore:
+    """Serves every robot's steps through one ``Scheduler`` (see the module docstring)."""
+
+    def __init__(self, config: EngineConfig, *, folder: Path, random_weights: bool) -> None:
+        from vla_sched.model.loading.checkpoint import load_checkpoint
+        from vla_sched.model.prompting.prompt import VLAPromptBuilder
+        from vla_sched.model.runner.model_runner import ModelRunner, RunnerConfig
+
+        self.config = config
+        self.spec = read_configured_spec(folder, config)
+        self.prompts = VLAPromptBuilder.from_checkpoint(folder, self.spec)
+        self.decoder = ActionChunkDecoder.for_checkpoint(self.spec)
+        self.whole_vocab = decodes_whole_vocab(config, self.spec)
+        self.model_name = folder.name
+        device, dtype = pick_device_and_dtype(config)
+        model = load_checkpoint(folder, device=device, dtype=dtype, spec=self.spec)
+        page_size = config.page_size
+        self.memory = KVMemory(
+            KVMemoryConfig(
+                num_pages=config.kv_pool_tokens // page_size,
+                page_size=page_size,
+                num_req_slots=config.max_running_requests,
+                max_context_len=self._max_context_len(),
+                session_step_kv='free',
+                session_idle_timeout_s=0.0,
+            )
+        )
+        runner = ModelRunner(
+            model,
+            req_to_token=self.memory.req_to_token_pool.req_to_token,
+            num_kv_slots=(self.memory.allocator.num_pages + 1) * page_size,
+            config=RunnerConfig(cuda_graphs=config.cuda_graphs and device.type == 'cuda'),
+        )
+        scheduler_config = self._scheduler_config(device.type)
+        self.scheduler = Scheduler(scheduler_config, self.memory, runner,
+                                   clock=time.time_ns)  # fmt: skip
+        self._info = engine_info(
+            self.spec,
+            model_name=self.model_name,
+            max_instruction_bytes=config.max_instruction_bytes,
+            random_weights=random_weights,
+        )
+
+    @classmethod
+    def from_config(cls, config: EngineConfig) -> ScheduledCore:
+        check_model_path(config)
+        folder, random_weights = resolve_checkpoint(config.model_path)
+        return cls(config, folder=folder, random_weights=random_weights)
+
+    def _max_context_len(self) -> int:
+        """Longest prompt (instruction bytes bound its tokens) plus the action tokens."""
+        num = (
+            self.config.max_instruction_bytes + PROMPT_MARGIN_TOKENS
+            + self.spec.num_image_tokens + self.spec.num_action_tokens + 64
+        )  # fmt: skip
+        return round_up_to_page(num, self.config.page_size)
+
+    def _scheduler_config(self, device_type: str) -> SchedulerConfig:
+        return scheduler_config_for(self.config, device_type)
+
+    @property
+    def info(self) -> EngineInfo:
+        return self._info
+
+    # ---- steps -------------------------------------------------------------------------
+
+    def submit(self, request: StepRequest, now_ns: int) -> list[StepFailure]:
+        refused = refuse_malformed(
+            request, self._info, self.scheduler.metrics,
+            max_instruction_bytes=self.config.max_instruction_bytes,
+        )  # fmt: skip
+        if refused:
+            return refused
+        state = request.state if self._info.num_state else None
+        layout = self.prompts.build(request.instruction, state=state)
+        self._open_or_update_session(request, layout.token_ids[: layout.session_prefix_len])
+        images: tuple[ImageInput, ...] = ()
+        if layout.num_image_tokens:
+            images = (
+                ImageInput(
+                    content_hash=image_content_hash(request.image),
+                    token_offset=layout.image_offset,
+                    num_tokens=layout.num_image_tokens,
+                    pixels=request.image,
+                ),
+            )
+        start, end = self.spec.sampled_token_range(whole_vocab=self.whole_vocab)
+        req = Req(
+            rid=f'{request.robot_id}/{request.step_seq}',
+            origin_input_ids=layout.token_ids,
+            sampling=SamplingParams(allowed_token_start=start, allowed_token_end=end),
+            max_new_tokens=self.spec.num_action_tokens,
+            images=images,
+            robot_id=request.robot_id,
+            step_seq=request.step_seq,
+            session_id=request.robot_id,
+            deadline_ns=request.deadline_ns,
+            stamp_ns=request.stamp_ns,
+            extra_key=self.model_name,
+        )
+        req.times.received_ns = request.received_ns
+        reason = self.scheduler.add_request(req)
+        if reason is None:
+            return []
+        return [self._failure(req)]
+
+    def _open_or_update_session(self, request: StepRequest, prefix_ids) -> None:
+        """Open the robot's session, or swap its prefix if the instruction version changed.
+
+        The session (``KVMemory.sessions``) is the one record of the robot's prefix and of
+        the instruction version it was built from.
+        """
+        sessions = self.memory.sessions
+        robot_id, version = request.robot_id, request.instruction_version
+        key = RadixKey(torch.tensor(prefix_ids, dtype=torch.int64), extra_key=self.model_name)
+        now_s = time.time_ns() / 1e9
+        if robot_id not in sessions:
+            sessions.open(robot_id, key, now=now_s, instruction_version=version)
+        elif sessions.get(robot_id).instruction_version != version:
+            sessions.change_prefix(robot_id, key, now=now_s, instruction_version=version)
+
+    def close_session(self, robot_id: str) -> None:
+        self.scheduler.close_session(robot_id)
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_work()
+
+    def step(self, now_ns: int) -> list[StepResult | StepFailure]:
+        out: list[StepResult | StepFailure] = []
+        for req in self.scheduler.run_once():
+            if req.finished_reason is not None and not req.finished_reason.is_abort:
+                out.append(self._result(req))
+            else:
+                out.append(self._failure(req))
+        return out
+
+    def _result(self, req: Req) -> StepResult:
+        times = req.times
+        received = times.received_ns if times.received_ns is not None else times.arrival_ns
+        admitted = times.admitted_ns or received
+        first = times.first_token_ns or admitted
+        last = times.finished_ns or times.last_token_ns or first
+        actions = self.decoder.decode(req.output_ids, clip_to_bins=self.whole_vocab)
+        actions = actions.astype(np.float32)
+        return StepResult(
+            robot_id=req.robot_id,
+            step_seq=req.step_seq,
+            stamp_ns=req.stamp_ns,
+            actions=actions,
+            queue_ms=(admitted - received) / 1e6,
+            prefill_ms=(first - admitted) / 1e6,
+            decode_ms=(last - first) / 1e6,
+            late=req.late,
+            num_cached_prefix_tokens=req.num_cached_tokens,
+        )
+
+    def _failure(self, req: Req) -> StepFailure:
+        finish = req.finished_reason
+        abort = finish.abort if finish is not None else None
+        # The scheduler has counted this abort already.
+        reason = FAILURE_OF_ABORT.get(abort, FailureReason.INTERNAL_ERROR)
+        too_long = len(req.origin_input_ids) + req.max_new_tokens
+        if abort is AbortReason.PROMPT_TOO_LONG and too_long <= self.memory.config.max_context_len:
+            reason = FailureReason.KV_POOL_FULL  # it fits the context, not the pool
+        detail = finish.message if finish is not None and finish.message else str(abort)
+        if reason is FailureReason.KV_POOL_FULL:
+            detail += (
+                f' (KV pool: {self.memory.num_free_tokens()} free, '
+                f'{self.memory.evictable_size()} evictable, '
+                f'{self.memory.protected_size()} protected tokens)'
+            )
+            logger.warning('%s', detail)
+        return StepFailure(req.robot_id, req.step_seq, req.stamp_ns or 0, reason, detail)
+
+    def stats(self, now_ns: int) -> EngineStats:
+        """The scheduler's counters, and its queue, batch and KV use read now."""
+        chunked = self.scheduler.chunked_req
+        return engine_stats(
+            self.scheduler.metrics,
+            now_ns,
+            num_waiting=len(self.scheduler.waiting_queue),
+            num_running=len(self.scheduler.running_batch.reqs),
+            chunked_rid=chunked.rid if chunked is not None else '',
+            kv_use_percent=100.0 * self.scheduler.token_usage(),
+            session_prefix_tokens={
+                s.robot_id: s.locked_len for s in self.memory.sessions.sessions()
+            },
+        )
+
+    def check_integrity(self) -> None:
+        self.scheduler.check_integrity()
+
+    def close(self) -> None:
+        for session in self.memory.sessions.sessions():
+            self.close_session(session.robot_id)
+
+
+def scheduler_config_for(c: EngineConfig, device_type: str) -> SchedulerConfig:
+    """The scheduler's settings the engine derives from ``c`` on a ``device_type`` device.
+
+    Every exposed setting maps onto its SGLang knob (defaults and choices stay on
+    ``EngineConfig``); the chunk size (the device's default for 0) is rounded down to
+    whole pages. The rest are fixed for robots: a pass may prefill at least 1024 tokens,
+    a robot's priority is ignored (not refused) while priority scheduling is off, and
+    under 'drop' a step that cannot meet its deadline is dropped while it waits. Knobs not
+    named here keep ``SchedulerConfig``'s SGLang defaults.
+    """
+    chunk = c.prefill_chunk_tokens(device_type)
+    chunk = max(c.page_size, round_down_to_page(chunk, c.page_size))
+    return SchedulerConfig(
+        schedule_policy=c.policy,
+        max_running_requests=c.max_running_requests,
+        chunked_prefill_size=chunk,
+        max_prefill_tokens=max(chunk, 1024),
+        enable_priority_scheduling=c.enable_priority,
+        abort_on_priority_when_disabled=False,
+        robot_priorities=(
+            tuple((r, c.robot_priority(r)) for r in c.robots) if c.enable_priority else ()
+        ),
+        late_policy=c.late_policy,
+        drop_unmeetable_steps=True,  # only under 'drop': keeps overload from collapsing
+        # On the CPU a step's tokens are known when it returns: nothing to overlap.
+        enable_overlap=c.enable_overlap and device_type != 'cpu',
+        num_continuous_decode_steps=c.num_continuous_decode_steps,
+        # A mixed pass runs every request row through the eager prefill path: on a GPU
+        # that costs more than the captured decode pass it saves.
+        enable_mixed_chunk=c.enable_mixed_chunk and device_type == 'cpu',
+        prefill_delayer=PrefillDelayerConfig(enabled=c.enable_prefill_delayer),
+        prefill_decode_interval=c.prefill_decode_interval,
+    )

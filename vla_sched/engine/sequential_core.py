@@ -1,0 +1,243 @@
+"""One step at a time through transformers' ``generate``: how single-robot VLA servers run.
+
+This is the comparison point for the scheduled core: no batching, no KV reuse across steps,
+the whole prompt prefilled on every step. It shares the input checks, the robot rules
+(``RobotRules``: a newer step supersedes the waiting one, an older one is refused, a step's
+deadline is judged by the same test) and the statistics with the scheduled core, so the two
+differ only in how steps execute.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections import OrderedDict
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from vla_sched.core.scheduling.robot_rules import RobotRules
+from vla_sched.engine.checkpoints import (
+    check_model_path,
+    decodes_whole_vocab,
+    read_configured_spec,
+    resolve_checkpoint,
+)
+from vla_sched.engine.config import EngineConfig
+from vla_sched.engine.core_stats import (
+    engine_info,
+    engine_stats,
+    new_metrics,
+    record_failure,
+    refuse_malformed,
+)
+from vla_sched.engine.device_choice import pick_device_and_dtype
+from vla_sched.ipc.messages import (
+    EngineInfo,
+    EngineStats,
+    FailureReason,
+    StepFailure,
+    StepRequest,
+    StepResult,
+)
+from vla_sched.model.config.openvla_towers import OpenVLAVisionSpec
+from vla_sched.model.prompting.action_tokenizer import ActionChunkDecoder
+
+if TYPE_CHECKING:
+    from vla_sched.model.hf_openvla import HFOpenVLAPolicy
+
+
+class _Timing:
+    """A logits processor that masks tokens outside ``[start, end)`` and stamps each decode
+    step."""
+
+    def __init__(self, start: int, end: int) -> None:
+        self.start, self.end = start, end
+        self.stamps: list[float] = []
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        self.stamps.append(time.perf_counter())
+        masked = torch.full_like(scores, float('-inf'))
+        masked[:, self.start : self.end] = scores[:, self.start : self.end]
+        return masked
+
+
+class SequentialCore:
+    """Serves steps one by one with ``LlavaForConditionalGeneration.generate`` (OpenVLA
+    folders: ``HFOpenVLAPolicy``, transformers' ``LlamaForCausalLM.generate``)."""
+
+    def __init__(self, config: EngineConfig, *, folder, random_weights: bool) -> None:
+        from vla_sched.model.prompting.prompt import VLAPromptBuilder
+
+        self.config = config
+        self.device, self.dtype = pick_device_and_dtype(config)
+        self.spec = read_configured_spec(folder, config)
+        self.prompts = VLAPromptBuilder.from_checkpoint(folder, self.spec)
+        self.whole_vocab = decodes_whole_vocab(config, self.spec)
+        # An OpenVLA folder (transformers has no class for it) runs as predict_action does:
+        # LlamaForCausalLM.generate over the projected image and the prompt.
+        self.openvla: HFOpenVLAPolicy | None = None
+        self.model = None
+        if isinstance(self.spec.vision, OpenVLAVisionSpec):
+            from vla_sched.model.hf_openvla import HFOpenVLAPolicy
+
+            self.openvla = HFOpenVLAPolicy(
+                folder, device=self.device, dtype=self.dtype, spec=self.spec
+            )
+        else:
+            import transformers
+
+            self.model = transformers.LlavaForConditionalGeneration.from_pretrained(
+                folder, dtype=self.dtype
+            ).to(self.device)
+            self.model.eval()
+        self.decoder = ActionChunkDecoder.for_checkpoint(self.spec)
+        self._info = engine_info(
+            self.spec,
+            model_name=str(folder.name),
+            max_instruction_bytes=config.max_instruction_bytes,
+            random_weights=random_weights,
+        )
+        # Each robot's waiting step and when it arrived here (ns): latencies start there.
+        self._waiting: OrderedDict[str, tuple[StepRequest, int]] = OrderedDict()
+        self.rules = RobotRules(late_policy=config.late_policy)
+        self.metrics = new_metrics()
+
+    @classmethod
+    def from_config(cls, config: EngineConfig) -> SequentialCore:
+        check_model_path(config)
+        folder, random_weights = resolve_checkpoint(config.model_path)
+        return cls(config, folder=folder, random_weights=random_weights)
+
+    @property
+    def info(self) -> EngineInfo:
+        return self._info
+
+    def submit(self, request: StepRequest, now_ns: int) -> list[StepFailure]:
+        refused = refuse_malformed(
+            request, self._info, self.metrics,
+            max_instruction_bytes=self.config.max_instruction_bytes,
+        )  # fmt: skip
+        if refused:
+            return refused
+        waiting = self._waiting.get(request.robot_id)
+        older, stale = self.rules.superseded(request, [waiting[0]] if waiting else [])
+        if stale:
+            return [self._superseded(request, 'is not newer than the step its robot has')]
+        why = f'was superseded by step {request.step_seq}'
+        out = [self._superseded(old, why) for old in older]
+        self._waiting.pop(request.robot_id, None)  # the newest queues behind the others
+        self._waiting[request.robot_id] = (request, now_ns)
+        return out
+
+    def _superseded(self, request: StepRequest, why: str) -> StepFailure:
+        record_failure(self.metrics, request.robot_id, FailureReason.SUPERSEDED)
+        return StepFailure(
+            request.robot_id, request.step_seq, request.stamp_ns, FailureReason.SUPERSEDED,
+            f'step {request.step_seq} {why}',
+        )  # fmt: skip
+
+    def close_session(self, robot_id: str) -> None:
+        self._waiting.pop(robot_id, None)
+
+    def has_work(self) -> bool:
+        return bool(self._waiting)
+
+    def step(self, now_ns: int) -> list[StepResult | StepFailure]:
+        _, (request, arrival_ns) = self._waiting.popitem(last=False)
+        if self.rules.is_overdue(request, now_ns) and self.rules.drops_late_steps:
+            record_failure(self.metrics, request.robot_id, FailureReason.DEADLINE_MISSED)
+            return [
+                StepFailure(
+                    request.robot_id, request.step_seq, request.stamp_ns,
+                    FailureReason.DEADLINE_MISSED,
+                    f'waited {(now_ns - request.received_ns) / 1e6:.1f} ms, past its deadline',
+                )
+            ]  # fmt: skip
+        result = self._generate(request, arrival_ns=arrival_ns, start_ns=now_ns)
+        if result.late and self.rules.drops_late_steps:
+            record_failure(self.metrics, request.robot_id, FailureReason.DEADLINE_MISSED)
+            done_ms = (time.time_ns() - request.deadline_ns) / 1e6
+            return [
+                StepFailure(
+                    request.robot_id, request.step_seq, request.stamp_ns,
+                    FailureReason.DEADLINE_MISSED, f'done {done_ms:.1f} ms after its deadline',
+                )
+            ]  # fmt: skip
+        return [result]
+
+    @torch.inference_mode()
+    def _generate(self, request: StepRequest, *, arrival_ns: int, start_ns: int) -> StepResult:
+        """Generate one step that arrived at ``arrival_ns`` and starts at ``start_ns``."""
+        state = request.state if self._info.num_state else None
+        layout = self.prompts.build(request.instruction, state=state)
+        timing = _Timing(*self.spec.sampled_token_range(whole_vocab=self.whole_vocab))
+        start = time.perf_counter()
+        if self.openvla is not None:
+            tokens = self.openvla.action_token_ids(
+                request.image, request.instruction, logits_processor=[timing]
+            )
+        else:
+            tokens = self._llava_tokens(request, layout.token_ids, timing)
+        actions = self.decoder.decode(tokens, clip_to_bins=self.whole_vocab).astype(np.float32)
+        end = time.perf_counter()
+        stamps = [start, *timing.stamps, end]
+        prefill_ms = (stamps[1] - start) * 1e3
+        decode_ms = (end - stamps[1]) * 1e3
+        done_ns = time.time_ns()
+        late = self.rules.is_overdue(request, done_ns)
+        queue_ms = (start_ns - request.received_ns) / 1e6
+        robot = request.robot_id
+        self.metrics.record_first_token(robot, start_ns - arrival_ns + int(prefill_ms * 1e6))
+        for a, b in itertools.pairwise(stamps[1:-1]):
+            self.metrics.record_itl(robot, int((b - a) * 1e9))
+        self.metrics.record_cache_hit(robot, 0, len(layout.token_ids))
+        if late and not self.rules.drops_late_steps:
+            self.metrics.record_deadline_miss(robot)
+        if not (late and self.rules.drops_late_steps):
+            self.metrics.record_step_done(robot, done_ns - arrival_ns)
+        return StepResult(
+            robot_id=request.robot_id,
+            step_seq=request.step_seq,
+            stamp_ns=request.stamp_ns,
+            actions=actions,
+            queue_ms=queue_ms,
+            prefill_ms=prefill_ms,
+            decode_ms=decode_ms,
+            late=late,
+            num_cached_prefix_tokens=0,
+        )
+
+    def _llava_tokens(
+        self, request: StepRequest, token_ids: tuple[int, ...], timing: _Timing
+    ) -> list[int]:
+        """A LLaVA checkpoint's action token ids through ``generate``."""
+        from vla_sched.model.layers.vision import preprocess_image
+
+        input_ids = torch.tensor([token_ids], device=self.device)
+        pixels = preprocess_image(request.image, self.spec.preprocessing, device=self.device)
+        out = self.model.generate(
+            input_ids=input_ids,
+            attention_mask=torch.ones_like(input_ids),
+            pixel_values=pixels[None].to(self.dtype),
+            max_new_tokens=self.spec.num_action_tokens,
+            min_new_tokens=self.spec.num_action_tokens,
+            do_sample=False,
+            logits_processor=[timing],
+            pad_token_id=0,
+        )
+        return out[0, input_ids.shape[1] :].tolist()
+
+    def stats(self, now_ns: int) -> EngineStats:
+        return engine_stats(
+            self.metrics,
+            now_ns,
+            num_waiting=len(self._waiting),
+            num_running=0,
+            chunked_rid='',
+            kv_use_percent=0.0,
+        )
+
+    def close(self) -> None:
+        self._waiting.clear()

@@ -1,0 +1,1 @@
+"""What a checkpoint folder says, from its JSON alone: architecture, action space, formats."""

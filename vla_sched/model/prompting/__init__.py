@@ -1,0 +1,1 @@
+"""Prompts and action tokens: the prompt builder and the action tokenizer and chunk decoder."""

@@ -1,0 +1,180 @@
+"""Prefill passes on persistent buffers, padded to a few token counts, optionally CUDA graphs.
+
+One robot's OpenVLA step prefills about 280 tokens, a few milliseconds of matrix work on a
+large GPU but a few hundred kernel launches across the decoder's layers, so an eager prefill
+is bound by host time. Here a prefill of ``T`` new tokens for at most ``max_requests``
+requests runs at the smallest prepared token count ``>= T``: the embeddings (image features
+already in place), positions and slots go into persistent buffers. The padding tokens form
+one more request (no prefix, its KV in reserved slots of its own, in the reserved slot-table
+row) and unused request rows extend by nothing (the attention kernel skips them). Every
+shape is then fixed per token count, so on a GPU each count is captured once as a CUDA graph
+and replayed; without capture (the CPU) the same padded path runs eagerly, which lets tests
+check it. Padding never reaches a real request: attention reads only each request's own
+tokens and its cached prefix.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+import torch
+
+from vla_sched.model.layers.attention import AttentionMetadata, extend_positions
+from vla_sched.model.layers.decoder import KVCache, PagedDecoder
+from vla_sched.model.layers.transfer import to_device
+from vla_sched.model.runner.graph_capture import capture_graphs
+
+logger = logging.getLogger(__name__)
+
+
+class PrefillGraphs:
+    """Padded prefill forward passes of the decoder for fixed token counts.
+
+    Args:
+        decoder: The decoder.
+        kv_caches: The runner's per-layer caches.
+        req_to_token: The runner's device slot table; row ``dummy_row`` is reserved.
+        token_counts: Padded token counts to prepare.
+        max_requests: Most requests in one prefill batch.
+        dummy_row: Reserved slot-table row for padding requests.
+        first_pad_slot: First of ``max_padding(token_counts)`` reserved KV slots that padding
+            tokens write.
+        capture: Capture CUDA graphs (needs a CUDA device and the Triton kernels).
+        backend: Kernel backend.
+    """
+
+    def __init__(
+        self,
+        decoder: PagedDecoder,
+        kv_caches: list[KVCache],
+        req_to_token: torch.Tensor,
+        *,
+        token_counts: Sequence[int],
+        max_requests: int,
+        dummy_row: int,
+        first_pad_slot: int,
+        capture: bool,
+        backend: str = 'auto',
+    ) -> None:
+        if not token_counts or min(token_counts) < 1:
+            raise ValueError(f'token counts must be positive, got {token_counts}')
+        if max_requests < 1:
+            raise ValueError(f'max_requests must be >= 1, got {max_requests}')
+        if capture and decoder.device.type != 'cuda':
+            raise ValueError('CUDA graph capture needs a CUDA device')
+        self.decoder = decoder
+        self.kv_caches = kv_caches
+        self.req_to_token = req_to_token
+        self.token_counts = tuple(sorted(set(token_counts)))
+        self.max_tokens = self.token_counts[-1]
+        self.max_requests = max_requests
+        self.dummy_row = dummy_row
+        self.backend = 'triton' if capture else backend
+        device, n, r = decoder.device, self.max_tokens, max_requests + 1  # + the padding
+        index = {'dtype': torch.int64, 'device': device}
+        hidden = decoder.spec.hidden_size
+        self.embeds = torch.zeros((n, hidden), dtype=decoder.dtype, device=device)
+        self.positions = torch.zeros(n, **index)
+        self.pad_slots = torch.arange(max_padding(self.token_counts), **index) + first_pad_slot
+        self.out_cache_loc = self.pad_slots[torch.arange(n, device=device) % len(self.pad_slots)]
+        self.req_pool_indices = torch.full((r,), dummy_row, **index)
+        self.prefix_lens = torch.zeros(r, **index)
+        self.extend_lens = torch.zeros(r, **index)
+        self.extend_start_loc = torch.zeros(r, **index)
+        self.seq_lens = torch.zeros(r, **index)
+        self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self._outputs: dict[int, torch.Tensor] = {}
+        if capture:
+            self._capture_all()
+
+    @property
+    def is_captured(self) -> bool:
+        return bool(self._graphs)
+
+    def padded_size(self, num_tokens: int, num_requests: int) -> int | None:
+        """The prepared token count a prefill runs at, or None if it does not fit."""
+        if num_requests > self.max_requests:
+            return None
+        for size in self.token_counts:
+            if size >= num_tokens:
+                return size
+        return None
+
+    def run(
+        self,
+        *,
+        embeds: torch.Tensor,
+        out_cache_loc: torch.Tensor,
+        req_pool_indices: torch.Tensor,
+        prefix_lens: torch.Tensor,
+        extend_lens: torch.Tensor,
+    ) -> torch.Tensor:
+        """The final-normed hidden ``[T, hidden]`` of a prefill; ``embeds`` on the device,
+        the other tensors int64 on the host (``extend_lens`` sums to ``T``).
+
+        The result is a view of a buffer the next ``run`` overwrites.
+
+        Raises:
+            ValueError: for a prefill that fits no prepared size.
+        """
+        num_tokens, num_reqs = int(embeds.shape[0]), int(extend_lens.shape[0])
+        size = self.padded_size(num_tokens, num_reqs)
+        if size is None:
+            raise ValueError(
+                f'a prefill of {num_tokens} tokens for {num_reqs} requests exceeds the '
+                f'prepared {self.max_tokens} tokens or {self.max_requests} requests'
+            )
+        positions, starts = extend_positions(prefix_lens, extend_lens)
+        device = self.embeds.device
+        self.embeds[:num_tokens].copy_(embeds)
+        self.embeds[num_tokens:size].zero_()
+        self.positions[:num_tokens].copy_(to_device(positions, device))
+        self.positions[num_tokens:size].zero_()
+        self.out_cache_loc[:num_tokens].copy_(to_device(out_cache_loc, device))
+        self.out_cache_loc[num_tokens:size].copy_(self.pad_slots[: size - num_tokens])
+        per_request = (
+            (self.req_pool_indices, req_pool_indices, self.dummy_row),
+            (self.prefix_lens, prefix_lens, 0),
+            (self.extend_lens, extend_lens, 0),
+            (self.extend_start_loc, starts, num_tokens),
+            (self.seq_lens, prefix_lens + extend_lens, 0),
+        )
+        for buffer, values, unused in per_request:
+            buffer[:num_reqs].copy_(to_device(values.to(torch.int64), device))
+            buffer[num_reqs:].fill_(unused)
+        self.extend_lens[-1] = size - num_tokens  # the padding request, after the unused rows
+        self.seq_lens[-1] = size - num_tokens
+        graph = self._graphs.get(size)
+        if graph is None:
+            return self._forward(size)[:num_tokens]
+        graph.replay()
+        return self._outputs[size][:num_tokens]
+
+    def _forward(self, size: int) -> torch.Tensor:
+        meta = AttentionMetadata(
+            is_decode=False,
+            positions=self.positions[:size],
+            out_cache_loc=self.out_cache_loc[:size],
+            req_to_token=self.req_to_token,
+            req_pool_indices=self.req_pool_indices,
+            seq_lens=self.seq_lens,
+            prefix_lens=self.prefix_lens,
+            extend_lens=self.extend_lens,
+            extend_start_loc=self.extend_start_loc,
+            max_extend_len=size,
+            backend=self.backend,
+        )
+        return self.decoder(self.embeds[:size], meta, self.kv_caches)
+
+    def _capture_all(self) -> None:
+        self._graphs, self._outputs = capture_graphs(
+            self.token_counts, self._forward, self.decoder.device
+        )
+        logger.info('prefill captured for token counts %s', list(self.token_counts))
+
+
+def max_padding(token_counts: Sequence[int]) -> int:
+    """Most padding tokens a prefill gets: the widest gap below a prepared count."""
+    counts = sorted(set(token_counts))
+    return max(high - low - 1 for low, high in zip([0, *counts], counts, strict=False))

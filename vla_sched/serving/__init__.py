@@ -1,1 +1,0 @@
-"""Serving logic: engine config, engine cores, the message server, the engine client."""
