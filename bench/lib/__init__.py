@@ -1,0 +1,1 @@
+"""What several benchmark drivers share: statistics, tables, fleets, capacity, cost model."""
