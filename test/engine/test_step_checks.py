@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from vla_sched.engine.config import EngineConfig, EngineConfigError
-from vla_sched.engine.step_checks import check_step_request, image_content_hash
+from vla_sched.engine.step_checks import check_step_request
 from vla_sched.ipc.messages import FailureReason, StepRequest
 
 
@@ -51,16 +51,6 @@ def test_malformed_steps_are_refused_with_reason_and_detail(overrides, reason, d
     assert (failure.robot_id, failure.step_seq, failure.stamp_ns) == ('arm', 3, 100)
     assert failure.reason is reason
     assert detail in failure.detail
-
-
-def test_image_hash_tells_frames_apart_and_matches_equal_frames():
-    a = np.zeros((4, 4, 3), np.uint8)
-    b = a.copy()
-    b[3, 3, 2] = 1
-    assert image_content_hash(a) == image_content_hash(a.copy())
-    assert image_content_hash(a) != image_content_hash(b)
-    assert image_content_hash(a) != image_content_hash(np.zeros((2, 8, 3), np.uint8))
-    assert 0 <= image_content_hash(b) < 2**63
 
 
 def test_engine_config_names_the_bad_setting():

@@ -1,11 +1,10 @@
 """The engine core that batches every robot's steps: scheduler + paged KV + model runner.
 
-A ``StepRequest`` becomes a scheduler ``Req``: the prompt from the checkpoint's template
-(session prefix, image placeholder span keyed by the frame's content hash, suffix), the
-robot's session (opened on its first step, its prefix swapped when the instruction
-version changes), H*D action tokens to decode, the robot's deadline. Each ``step`` runs one
-scheduler iteration; requests that end become ``StepResult`` (tokens -> actions) or
-``StepFailure`` (the abort reason mapped to the frontend's reasons).
+A well-formed ``StepRequest`` becomes a scheduler ``Req`` through the ``StepTranslator``
+(prompt, image span, H*D action tokens, the robot's deadline), and the robot's session is
+opened on its first step, its prefix swapped when the instruction version changes. Each
+``step`` runs one scheduler iteration; requests that end become ``StepResult`` (tokens ->
+actions) or ``StepFailure`` (the abort reason mapped to the frontend's reasons).
 """
 
 from __future__ import annotations
@@ -15,26 +14,18 @@ import time
 from pathlib import Path
 
 import numpy as np
-import torch
 
-from vla_sched.core.forward_batch import ImageInput, SamplingParams
 from vla_sched.core.memory.kv_config import KVMemoryConfig
 from vla_sched.core.memory.kv_memory import KVMemory
 from vla_sched.core.memory.pages import round_down_to_page, round_up_to_page
-from vla_sched.core.memory.radix_key import RadixKey
 from vla_sched.core.scheduling.request import AbortReason, Req
 from vla_sched.core.scheduling.scheduler import Scheduler
 from vla_sched.core.scheduling.scheduler_config import PrefillDelayerConfig, SchedulerConfig
-from vla_sched.engine.checkpoints import (
-    check_model_path,
-    decodes_whole_vocab,
-    read_configured_spec,
-    resolve_checkpoint,
-)
+from vla_sched.engine.checkpoints import check_model_path, resolve_checkpoint
 from vla_sched.engine.config import EngineConfig
 from vla_sched.engine.core_stats import engine_info, engine_stats, refuse_malformed
 from vla_sched.engine.device_choice import pick_device_and_dtype
-from vla_sched.engine.step_checks import image_content_hash
+from vla_sched.engine.step_translator import StepTranslator, TranslatedStep
 from vla_sched.ipc.messages import (
     EngineInfo,
     EngineStats,
@@ -69,15 +60,15 @@ class ScheduledCore:
 
     def __init__(self, config: EngineConfig, *, folder: Path, random_weights: bool) -> None:
         from vla_sched.model.loading.checkpoint import load_checkpoint
-        from vla_sched.model.prompting.prompt import VLAPromptBuilder
         from vla_sched.model.runner.model_runner import ModelRunner, RunnerConfig
 
         self.config = config
-        self.spec = read_configured_spec(folder, config)
-        self.prompts = VLAPromptBuilder.from_checkpoint(folder, self.spec)
+        self.translator = StepTranslator.from_checkpoint(folder, config)
+        self.spec = self.translator.spec
+        self.prompts = self.translator.prompts
         self.decoder = ActionChunkDecoder.for_checkpoint(self.spec)
-        self.whole_vocab = decodes_whole_vocab(config, self.spec)
-        self.model_name = folder.name
+        self.whole_vocab = self.translator.whole_vocab
+        self.model_name = self.translator.model_name
         device, dtype = pick_device_and_dtype(config)
         model = load_checkpoint(folder, device=device, dtype=dtype, spec=self.spec)
         page_size = config.page_size
@@ -137,53 +128,28 @@ class ScheduledCore:
         )  # fmt: skip
         if refused:
             return refused
-        state = request.state if self._info.num_state else None
-        layout = self.prompts.build(request.instruction, state=state)
-        self._open_or_update_session(request, layout.token_ids[: layout.session_prefix_len])
-        images: tuple[ImageInput, ...] = ()
-        if layout.num_image_tokens:
-            images = (
-                ImageInput(
-                    content_hash=image_content_hash(request.image),
-                    token_offset=layout.image_offset,
-                    num_tokens=layout.num_image_tokens,
-                    pixels=request.image,
-                ),
-            )
-        start, end = self.spec.sampled_token_range(whole_vocab=self.whole_vocab)
-        req = Req(
-            rid=f'{request.robot_id}/{request.step_seq}',
-            origin_input_ids=layout.token_ids,
-            sampling=SamplingParams(allowed_token_start=start, allowed_token_end=end),
-            max_new_tokens=self.spec.num_action_tokens,
-            images=images,
-            robot_id=request.robot_id,
-            step_seq=request.step_seq,
-            session_id=request.robot_id,
-            deadline_ns=request.deadline_ns,
-            stamp_ns=request.stamp_ns,
-            extra_key=self.model_name,
-        )
-        req.times.received_ns = request.received_ns
-        reason = self.scheduler.add_request(req)
+        step = self.translator.translate(request)
+        self._open_or_update_session(request.robot_id, step)
+        reason = self.scheduler.add_request(step.req)
         if reason is None:
             return []
-        return [self._failure(req)]
+        return [self._failure(step.req)]
 
-    def _open_or_update_session(self, request: StepRequest, prefix_ids) -> None:
+    def _open_or_update_session(self, robot_id: str, step: TranslatedStep) -> None:
         """Open the robot's session, or swap its prefix if the instruction version changed.
 
         The session (``KVMemory.sessions``) is the one record of the robot's prefix and of
         the instruction version it was built from.
         """
         sessions = self.memory.sessions
-        robot_id, version = request.robot_id, request.instruction_version
-        key = RadixKey(torch.tensor(prefix_ids, dtype=torch.int64), extra_key=self.model_name)
+        version = step.instruction_version
         now_s = time.time_ns() / 1e9
         if robot_id not in sessions:
-            sessions.open(robot_id, key, now=now_s, instruction_version=version)
+            sessions.open(robot_id, step.session_prefix, now=now_s, instruction_version=version)
         elif sessions.get(robot_id).instruction_version != version:
-            sessions.change_prefix(robot_id, key, now=now_s, instruction_version=version)
+            sessions.change_prefix(
+                robot_id, step.session_prefix, now=now_s, instruction_version=version
+            )
 
     def close_session(self, robot_id: str) -> None:
         self.scheduler.close_session(robot_id)
