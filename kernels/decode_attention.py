@@ -289,7 +289,9 @@ def choose_num_kv_splits(
     return for_length.clamp(min=1, max=for_occupancy).to(torch.int32)
 
 
-def _num_sms(device: torch.device) -> int:
+def device_num_sms(device: torch.device) -> int:
+    """Streaming multiprocessors of ``device`` (1 off CUDA), the ``num_sms`` of
+    :func:`choose_num_kv_splits`."""
     if device.type == 'cuda':
         return torch.cuda.get_device_properties(device).multi_processor_count
     return 1
@@ -349,7 +351,7 @@ def run_decode_attention(
         num_q_heads=num_q_heads,
         num_kv_heads=k_cache.shape[1],
         max_kv_splits=max_kv_splits,
-        num_sms=_num_sms(q.device),
+        num_sms=device_num_sms(q.device),
     )
     decode_attention(
         **common, out=out, attn_logits=attn_logits, attn_lse=attn_lse, num_kv_splits=num_kv_splits

@@ -1,10 +1,9 @@
 """Decode steps on persistent buffers, padded to a few batch sizes, optionally CUDA graphs.
 
-A decode step of ``B`` requests is padded to the smallest configured batch size ``>= B``.
-Padding rows read one reserved slot and write their own reserved slots, so they never touch
-a real request's KV. Every tensor the forward reads lives in a persistent buffer, so on a
-GPU each padded size can be captured once as a CUDA graph and replayed; without capture
-(the CPU) the same padded path runs eagerly, which lets tests check the padding logic.
+A decode step of ``B`` requests runs at the smallest prepared batch size ``>= B`` (see
+``graph_runner``). Padding rows read one reserved slot and write their own reserved slots,
+so they never touch a real request's KV. On the Triton path each size has its own decode
+scratch buffers, so a captured step needs no allocation.
 """
 
 from __future__ import annotations
@@ -13,14 +12,14 @@ from collections.abc import Sequence
 
 import torch
 
-from vla_sched.kernels.decode_attention import choose_num_kv_splits
+from vla_sched.kernels.decode_attention import choose_num_kv_splits, device_num_sms
 from vla_sched.model.layers.attention import AttentionMetadata, DecodeScratch
 from vla_sched.model.layers.decoder import KVCache
 from vla_sched.model.loading.vla_model import VLAModel
-from vla_sched.model.runner.graph_capture import capture_graphs
+from vla_sched.model.runner.graph_runner import GraphRunner
 
 
-class DecodeGraphs:
+class DecodeGraphs(GraphRunner):
     """Padded decode forward passes for fixed batch sizes.
 
     Args:
@@ -30,7 +29,7 @@ class DecodeGraphs:
         batch_sizes: Padded batch sizes to prepare.
         dummy_row: Reserved slot-table row for padding rows.
         dummy_slots: First of ``max(batch_sizes)`` reserved KV slots for padding rows.
-        capture: Capture CUDA graphs (needs a CUDA device).
+        capture: Capture CUDA graphs (needs a CUDA device and ``use_triton``).
         use_triton: Run decode attention through the Triton launcher on persistent scratch
             buffers (required for capture).
         max_kv_splits: Split bound of the Triton decode kernel.
@@ -51,20 +50,23 @@ class DecodeGraphs:
         max_kv_splits: int = 8,
         backend: str = 'auto',
     ) -> None:
-        if not batch_sizes or min(batch_sizes) < 1:
-            raise ValueError(f'batch sizes must be positive, got {batch_sizes}')
-        if capture and (model.device.type != 'cuda' or not use_triton):
-            raise ValueError('CUDA graph capture needs a CUDA model and the Triton decode path')
+        super().__init__(
+            sizes=batch_sizes,
+            device=model.device,
+            capture=capture,
+            name='decode',
+            sizes_name='batch sizes',
+        )
+        if capture and not use_triton:
+            raise ValueError('CUDA graph capture needs the Triton decode path')
         self.model = model
         self.kv_caches = kv_caches
         self.req_to_token = req_to_token
-        self.batch_sizes = tuple(sorted(set(batch_sizes)))
-        self.max_batch_size = self.batch_sizes[-1]
         self.backend = 'triton' if use_triton else backend
         self.use_triton = use_triton
         self.max_kv_splits = max_kv_splits
         device = model.device
-        n = self.max_batch_size
+        n = self.max_size
         self.input_ids = torch.zeros(n, dtype=torch.int64, device=device)
         self.req_pool_indices = torch.full((n,), dummy_row, dtype=torch.int64, device=device)
         self.seq_lens = torch.ones(n, dtype=torch.int64, device=device)
@@ -72,22 +74,9 @@ class DecodeGraphs:
         self.out_cache_loc = self.pad_slots.clone()
         self.dummy_row = dummy_row
         req_to_token[dummy_row].fill_(dummy_slots)
-        self._scratch = {bs: self._allocate_scratch(bs) for bs in self.batch_sizes}
-        self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self._outputs: dict[int, torch.Tensor] = {}
+        self._scratch = {size: self._allocate_scratch(size) for size in self.sizes}
         if capture:
-            self._capture_all()
-
-    @property
-    def is_captured(self) -> bool:
-        return bool(self._graphs)
-
-    def padded_size(self, batch_size: int) -> int | None:
-        """The prepared batch size a batch of ``batch_size`` runs at, or None if too big."""
-        for size in self.batch_sizes:
-            if size >= batch_size:
-                return size
-        return None
+            self.capture_all()
 
     def run(
         self,
@@ -101,7 +90,7 @@ class DecodeGraphs:
         batch_size = int(input_ids.shape[0])
         size = self.padded_size(batch_size)
         if size is None:
-            raise ValueError(f'decode batch of {batch_size} exceeds {self.max_batch_size}')
+            raise ValueError(f'decode batch of {batch_size} exceeds {self.max_size}')
         self.input_ids[:batch_size].copy_(input_ids)
         self.req_pool_indices[:batch_size].copy_(req_pool_indices)
         self.seq_lens[:batch_size].copy_(seq_lens)
@@ -110,11 +99,7 @@ class DecodeGraphs:
         self.req_pool_indices[batch_size:size].fill_(self.dummy_row)
         self.seq_lens[batch_size:size].fill_(1)
         self.out_cache_loc[batch_size:size].copy_(self.pad_slots[batch_size:size])
-        graph = self._graphs.get(size)
-        if graph is None:
-            return self._forward(size)[:batch_size]
-        graph.replay()
-        return self._outputs[size][:batch_size]
+        return self.run_padded(size)[:batch_size]
 
     def _allocate_scratch(self, size: int) -> DecodeScratch | None:
         if not self.use_triton:
@@ -141,7 +126,7 @@ class DecodeGraphs:
                     num_q_heads=spec.num_heads,
                     num_kv_heads=spec.num_kv_heads,
                     max_kv_splits=self.max_kv_splits,
-                    num_sms=_num_sms(self.model.device),
+                    num_sms=device_num_sms(self.device),
                 )
             )
         ones = torch.ones_like(seq_lens)
@@ -161,14 +146,3 @@ class DecodeGraphs:
         )
         hidden = decoder(decoder.embed(self.input_ids[:size]), meta, self.kv_caches)
         return decoder.logits(hidden)
-
-    def _capture_all(self) -> None:
-        self._graphs, self._outputs = capture_graphs(
-            self.batch_sizes, self._forward, self.model.device
-        )
-
-
-def _num_sms(device: torch.device) -> int:
-    if device.type == 'cuda':
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 1

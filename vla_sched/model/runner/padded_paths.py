@@ -18,11 +18,12 @@ from vla_sched.model.layers.decoder import KVCache
 from vla_sched.model.loading.vla_model import VLAModel
 from vla_sched.model.runner.config import RunnerConfig
 from vla_sched.model.runner.decode_graphs import DecodeGraphs
+from vla_sched.model.runner.graph_runner import GraphRunner
 from vla_sched.model.runner.prefill_graphs import PrefillGraphs, max_padding
 from vla_sched.model.runner.vision_graphs import VisionGraphs
 
 logger = logging.getLogger(__name__)
-_Padded = TypeVar('_Padded', PrefillGraphs, VisionGraphs)
+_Padded = TypeVar('_Padded', bound=GraphRunner)
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,19 +3,17 @@
 One robot's OpenVLA step prefills about 280 tokens, a few milliseconds of matrix work on a
 large GPU but a few hundred kernel launches across the decoder's layers, so an eager prefill
 is bound by host time. Here a prefill of ``T`` new tokens for at most ``max_requests``
-requests runs at the smallest prepared token count ``>= T``: the embeddings (image features
-already in place), positions and slots go into persistent buffers. The padding tokens form
-one more request (no prefix, its KV in reserved slots of its own, in the reserved slot-table
-row) and unused request rows extend by nothing (the attention kernel skips them). Every
-shape is then fixed per token count, so on a GPU each count is captured once as a CUDA graph
-and replayed; without capture (the CPU) the same padded path runs eagerly, which lets tests
-check it. Padding never reaches a real request: attention reads only each request's own
-tokens and its cached prefix.
+requests runs at the smallest prepared token count ``>= T`` (see ``graph_runner``): the
+embeddings (image features already in place), positions and slots go into persistent
+buffers. The padding tokens form one more request (no prefix, its KV in reserved slots of
+its own, in the reserved slot-table row) and unused request rows extend by nothing (the
+attention kernel skips them), so every shape is fixed per token count. Padding never
+reaches a real request: attention reads only each request's own tokens and its cached
+prefix.
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 
 import torch
@@ -23,12 +21,10 @@ import torch
 from vla_sched.model.layers.attention import AttentionMetadata, extend_positions
 from vla_sched.model.layers.decoder import KVCache, PagedDecoder
 from vla_sched.model.layers.transfer import to_device
-from vla_sched.model.runner.graph_capture import capture_graphs
-
-logger = logging.getLogger(__name__)
+from vla_sched.model.runner.graph_runner import GraphRunner
 
 
-class PrefillGraphs:
+class PrefillGraphs(GraphRunner):
     """Padded prefill forward passes of the decoder for fixed token counts.
 
     Args:
@@ -57,49 +53,41 @@ class PrefillGraphs:
         capture: bool,
         backend: str = 'auto',
     ) -> None:
-        if not token_counts or min(token_counts) < 1:
-            raise ValueError(f'token counts must be positive, got {token_counts}')
+        super().__init__(
+            sizes=token_counts,
+            device=decoder.device,
+            capture=capture,
+            name='prefill',
+            sizes_name='token counts',
+        )
         if max_requests < 1:
             raise ValueError(f'max_requests must be >= 1, got {max_requests}')
-        if capture and decoder.device.type != 'cuda':
-            raise ValueError('CUDA graph capture needs a CUDA device')
         self.decoder = decoder
         self.kv_caches = kv_caches
         self.req_to_token = req_to_token
-        self.token_counts = tuple(sorted(set(token_counts)))
-        self.max_tokens = self.token_counts[-1]
         self.max_requests = max_requests
         self.dummy_row = dummy_row
         self.backend = 'triton' if capture else backend
-        device, n, r = decoder.device, self.max_tokens, max_requests + 1  # + the padding
+        device, n, r = decoder.device, self.max_size, max_requests + 1  # + the padding
         index = {'dtype': torch.int64, 'device': device}
         hidden = decoder.spec.hidden_size
         self.embeds = torch.zeros((n, hidden), dtype=decoder.dtype, device=device)
         self.positions = torch.zeros(n, **index)
-        self.pad_slots = torch.arange(max_padding(self.token_counts), **index) + first_pad_slot
+        self.pad_slots = torch.arange(max_padding(self.sizes), **index) + first_pad_slot
         self.out_cache_loc = self.pad_slots[torch.arange(n, device=device) % len(self.pad_slots)]
         self.req_pool_indices = torch.full((r,), dummy_row, **index)
         self.prefix_lens = torch.zeros(r, **index)
         self.extend_lens = torch.zeros(r, **index)
         self.extend_start_loc = torch.zeros(r, **index)
         self.seq_lens = torch.zeros(r, **index)
-        self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self._outputs: dict[int, torch.Tensor] = {}
         if capture:
-            self._capture_all()
+            self.capture_all()
 
-    @property
-    def is_captured(self) -> bool:
-        return bool(self._graphs)
-
-    def padded_size(self, num_tokens: int, num_requests: int) -> int | None:
+    def padded_size(self, num_tokens: int, num_requests: int = 1) -> int | None:
         """The prepared token count a prefill runs at, or None if it does not fit."""
         if num_requests > self.max_requests:
             return None
-        for size in self.token_counts:
-            if size >= num_tokens:
-                return size
-        return None
+        return super().padded_size(num_tokens)
 
     def run(
         self,
@@ -123,7 +111,7 @@ class PrefillGraphs:
         if size is None:
             raise ValueError(
                 f'a prefill of {num_tokens} tokens for {num_reqs} requests exceeds the '
-                f'prepared {self.max_tokens} tokens or {self.max_requests} requests'
+                f'prepared {self.max_size} tokens or {self.max_requests} requests'
             )
         positions, starts = extend_positions(prefix_lens, extend_lens)
         device = self.embeds.device
@@ -145,11 +133,7 @@ class PrefillGraphs:
             buffer[num_reqs:].fill_(unused)
         self.extend_lens[-1] = size - num_tokens  # the padding request, after the unused rows
         self.seq_lens[-1] = size - num_tokens
-        graph = self._graphs.get(size)
-        if graph is None:
-            return self._forward(size)[:num_tokens]
-        graph.replay()
-        return self._outputs[size][:num_tokens]
+        return self.run_padded(size)[:num_tokens]
 
     def _forward(self, size: int) -> torch.Tensor:
         meta = AttentionMetadata(
@@ -166,12 +150,6 @@ class PrefillGraphs:
             backend=self.backend,
         )
         return self.decoder(self.embeds[:size], meta, self.kv_caches)
-
-    def _capture_all(self) -> None:
-        self._graphs, self._outputs = capture_graphs(
-            self.token_counts, self._forward, self.decoder.device
-        )
-        logger.info('prefill captured for token counts %s', list(self.token_counts))
 
 
 def max_padding(token_counts: Sequence[int]) -> int:
