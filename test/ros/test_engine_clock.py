@@ -7,7 +7,7 @@ import time
 import numpy as np
 
 from vla_sched.ipc.messages import StepRequest
-from vla_sched.ros.engine_clock import engine_clock
+from vla_sched.ros.engine_link import engine_clock
 
 SIM_NOW_NS = 42 * 10**9  # a simulated ROS clock, far from wall time
 

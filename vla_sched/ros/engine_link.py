@@ -11,21 +11,38 @@ Restarts back off: the k-th restart in a row waits ``restart_delay_s * 2**(k - 1
 ``restart_max_delay_s`` ends the row, so its next death waits ``restart_delay_s`` again
 (``restart_attempt``). An engine that can never load is then started a few times a minute,
 not every second.
+
+Steps go to the engine with their deadline and receipt time on the engine's wall clock
+(``engine_clock``), whatever the ROS clock says.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from vla_sched.engine.config import EngineLinkConfig
-from vla_sched.ipc.messages import EngineInfo, EngineStats
+from vla_sched.ipc.messages import EngineInfo, EngineStats, StepRequest
 
 STARTING = 'starting'
 READY = 'ready'
 DEAD = 'dead'
+
+
+def engine_clock(step: StepRequest, *, now_ns: int) -> StepRequest:
+    """``step`` with its deadline and receipt time on the engine's clock (wall time).
+
+    The node's clock is the ROS clock, which runs on simulated time under use_sim_time;
+    the engine judges deadlines by wall time. The time left stays what it is on the ROS
+    clock. The stamp is the robot's and travels unchanged.
+    """
+    offset = time.time_ns() - now_ns
+    return dataclasses.replace(
+        step, deadline_ns=step.deadline_ns + offset, received_ns=step.received_ns + offset
+    )
 
 
 def restart_attempt(previous_attempt: int, ready_s: float, *, stable_s: float) -> int:

@@ -50,8 +50,7 @@ from vla_sched.ros.conversions import (
     joint_state_to_vector,
     stamp_to_ns,
 )
-from vla_sched.ros.engine_clock import engine_clock
-from vla_sched.ros.engine_link import EngineLink
+from vla_sched.ros.engine_link import EngineLink, engine_clock
 from vla_sched.ros.node_config import ConfigError, FrontendConfig
 from vla_sched.ros.outcomes import Outcomes
 from vla_sched.ros.robot_slot import Refusal, RobotSlot
