@@ -208,9 +208,9 @@ def _run_decode(inputs: dict) -> None:
 
 
 def _decode_ref(inputs: dict) -> torch.Tensor:
-    from vla_sched.kernels.decode_attention import decode_attention_ref
+    from vla_sched.kernels.decode_attention import decode_attention_torch
 
-    return decode_attention_ref(**{k: v for k, v in inputs.items() if k not in SCRATCH_KEYS})
+    return decode_attention_torch(**{k: v for k, v in inputs.items() if k not in SCRATCH_KEYS})
 
 
 def _run_extend(inputs: dict, max_extend_len: int) -> torch.Tensor:
@@ -220,9 +220,9 @@ def _run_extend(inputs: dict, max_extend_len: int) -> torch.Tensor:
 
 
 def _extend_ref(inputs: dict) -> torch.Tensor:
-    from vla_sched.kernels.extend_attention import extend_attention_ref
+    from vla_sched.kernels.extend_attention import extend_attention_torch
 
-    return extend_attention_ref(**inputs)
+    return extend_attention_torch(**inputs)
 
 
 def correctness_checks(plan: BenchPlan, num_sms: int) -> list[str]:

@@ -1,6 +1,6 @@
 """Triton kernel behind :func:`vla_sched.kernels.store_kv.store_kv`.
 
-Imported on the first launch, not with the package, so that the torch references import
+Imported on the first launch, not with the package, so that the 'torch' backend imports
 without Triton and ``TRITON_INTERPRET`` only has to be set before the first launch.
 Inputs are validated by the public launcher; this module only launches.
 """

@@ -1,9 +1,10 @@
-"""Input checks shared by the kernel launchers, references and dispatchers.
+"""Input checks shared by the Triton launchers, the 'torch' backend and the dispatchers.
 
 Structural checks (shapes, dtypes, devices, strides) cost nothing on the device and always
 run. Value checks (slot indices in range, lengths inside the slot table) read tensors back
-to the host, so the Triton launchers run them only in debug mode; the torch references
-always run them because a negative index would silently wrap around in torch indexing.
+to the host, so the Triton launchers run them only in debug mode; the 'torch' backend runs
+them (unless its caller already did) because a negative index would silently wrap around in
+torch indexing.
 """
 
 from __future__ import annotations
@@ -32,7 +33,11 @@ def debug_enabled(debug: bool | None) -> bool:
 
 
 def resolve_backend(backend: str, device: torch.device) -> str:
-    """Maps 'auto' to 'triton' on CUDA and 'torch' elsewhere; rejects unknown names."""
+    """The backend that runs: 'auto' is 'triton' on CUDA and 'torch' elsewhere.
+
+    Raises:
+        ValueError: for a name other than 'auto', 'triton' or 'torch'.
+    """
     if backend not in BACKENDS:
         raise ValueError(f'backend must be one of {BACKENDS}, got {backend!r}')
     if backend == 'auto':

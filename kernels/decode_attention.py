@@ -14,12 +14,13 @@ log-sum-exp; stage 2 merges the splits of each (request, query head). The scratc
 and the per-request split counts come from the caller, so a launch can be captured in a
 CUDA graph. Dtypes: fp16/bf16 on a GPU, fp32 anywhere (exact fp32 dots).
 
-Entry points: ``decode_attention`` (Triton launcher), ``decode_attention_ref`` (float32
-torch reference), ``run_decode_attention`` (dispatcher that also allocates the scratch),
-``choose_num_kv_splits`` (the split heuristic the dispatcher uses). The reference is
-``decode_reads`` (the slots each request reads) then ``decode_attention_over_reads`` (the
-arithmetic), both in ``decode_reads``; a model works the reads out once per step and runs
-the arithmetic per layer.
+Entry points: ``decode_attention`` (the 'triton' backend's launcher),
+``decode_attention_torch`` (the 'torch' backend, float32), ``run_decode_attention``
+(dispatcher that also allocates the Triton scratch), ``choose_num_kv_splits`` (the split
+heuristic the dispatcher uses). The 'torch' backend is ``decode_reads`` (the slots each
+request reads) then ``decode_attention_over_reads`` (the arithmetic), both in
+``decode_reads``; a model works the reads out once per step and runs the arithmetic per
+layer.
 """
 
 from __future__ import annotations
@@ -88,7 +89,7 @@ def _check_decode_values(
     )
 
 
-def decode_attention_ref(
+def decode_attention_torch(
     *,
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -99,7 +100,7 @@ def decode_attention_ref(
     sm_scale: float,
     check_values: bool = True,
 ) -> torch.Tensor:
-    """Float32 torch reference for paged decode attention.
+    """Paged decode attention on the 'torch' backend, in float32.
 
     Args:
         q: [B, Hq, D] query of each request's newest token.
@@ -200,7 +201,7 @@ def decode_attention(
 
     Args:
         q, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens, sm_scale: as in
-            :func:`decode_attention_ref`.
+            :func:`decode_attention_torch`.
         out: [B, Hq, Dv] output in ``q.dtype``, last dimension unit-stride.
         attn_logits: [B, Hq, max_kv_splits, Dv] float32 scratch for partial outputs.
         attn_lse: [B, Hq, max_kv_splits] float32 scratch for their log-sum-exps.
@@ -310,7 +311,7 @@ def run_decode_attention(
     max_kv_splits: int = 8,
     check_values: bool = True,
 ) -> torch.Tensor:
-    """Dispatcher: Triton on CUDA, the torch reference elsewhere, unless ``backend`` says.
+    """Dispatcher: the 'triton' backend on CUDA, 'torch' elsewhere, unless ``backend`` says.
 
     On the Triton path it allocates the output and scratch buffers and picks the split
     counts with :func:`choose_num_kv_splits`. Callers that capture CUDA graphs call
@@ -318,11 +319,11 @@ def run_decode_attention(
 
     Args:
         q, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens, sm_scale: as in
-            :func:`decode_attention_ref`.
+            :func:`decode_attention_torch`.
         backend: 'auto', 'triton' (on CPU this needs ``TRITON_INTERPRET=1`` set before the
             first launch) or 'torch'.
         max_kv_splits: upper bound on KV splits per request.
-        check_values: the reference's index checks (the Triton path checks them only when
+        check_values: the 'torch' backend's index checks (Triton checks them only when
             ``VLA_SCHED_KERNEL_DEBUG`` is set).
 
     Returns:
@@ -338,7 +339,7 @@ def run_decode_attention(
         sm_scale=sm_scale,
     )
     if checks.resolve_backend(backend, q.device) == 'torch':
-        return decode_attention_ref(**common, check_values=check_values)
+        return decode_attention_torch(**common, check_values=check_values)
     batch_size, num_q_heads, _ = q.shape
     v_head_dim = v_cache.shape[2]
     out = q.new_empty((batch_size, num_q_heads, v_head_dim))

@@ -1,8 +1,8 @@
-"""The torch reference of paged decode attention as a per-step plan and per-layer arithmetic.
+"""The 'torch' backend of paged decode attention as a per-step plan and per-layer arithmetic.
 
 ``decode_reads`` works out the KV slots each request reads (once per step: every layer
 reads the same slots); ``decode_attention_over_reads`` is the float32 arithmetic of
-``decode_attention_ref`` on them. Neither checks its inputs: ``decode_attention_ref``
+``decode_attention_torch`` on them. Neither checks its inputs: ``decode_attention_torch``
 checks, then runs both; a model's runner checks its batch once, then calls them.
 """
 
@@ -51,7 +51,7 @@ def decode_attention_over_reads(
     reads: DecodeReads,
     sm_scale: float,
 ) -> torch.Tensor:
-    """The arithmetic of :func:`decode_attention_ref` on slots it already worked out (no
+    """The arithmetic of :func:`decode_attention_torch` on slots it already worked out (no
     checks: the caller checked the inputs once for every layer)."""
     batch_size, num_q_heads, head_dim = q.shape
     num_kv_heads, v_head_dim = v_cache.shape[1], v_cache.shape[2]

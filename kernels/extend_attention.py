@@ -18,12 +18,12 @@ The Triton kernel (after SGLang's ``extend_attention.py``) runs one program per 
 query head, block of query rows): stage 1 streams the prefix through the slot table,
 stage 2 the new tokens with the mask, both in one online softmax.
 
-Entry points: ``extend_attention`` (Triton launcher), ``extend_attention_ref`` (float32
-torch reference), ``run_extend_attention`` (dispatcher). The reference is ``extend_runs``
-(neighbouring requests of one shape grouped, with their prefix slots and mask) then
-``extend_attention_over_runs`` (the arithmetic, one batched product per run), both in
-``extend_runs``; a model works the runs out once per step and runs the arithmetic per
-layer.
+Entry points: ``extend_attention`` (the 'triton' backend's launcher),
+``extend_attention_torch`` (the 'torch' backend, float32), ``run_extend_attention``
+(dispatcher). The 'torch' backend is ``extend_runs`` (neighbouring requests of one shape
+grouped, with their prefix slots and mask) then ``extend_attention_over_runs`` (the
+arithmetic, one batched product per run), both in ``extend_runs``; a model works the runs
+out once per step and runs the arithmetic per layer.
 """
 
 from __future__ import annotations
@@ -121,7 +121,7 @@ def _check_extend_values(
             )
 
 
-def extend_attention_ref(
+def extend_attention_torch(
     *,
     q: torch.Tensor,
     k: torch.Tensor,
@@ -137,7 +137,7 @@ def extend_attention_ref(
     image_spans: torch.Tensor | None = None,
     check_values: bool = True,
 ) -> torch.Tensor:
-    """Float32 torch reference for paged extend attention.
+    """Paged extend attention on the 'torch' backend, in float32.
 
     Args:
         q: [T, Hq, D] queries of the step's new tokens, all requests back to back.
@@ -221,7 +221,7 @@ def extend_attention(
 
     Args:
         q, k, v, k_cache, v_cache, req_to_token, req_pool_indices, prefix_lens, extend_lens,
-            extend_start_loc, sm_scale, image_spans: as in :func:`extend_attention_ref`.
+            extend_start_loc, sm_scale, image_spans: as in :func:`extend_attention_torch`.
         max_extend_len: an upper bound on ``extend_lens`` (sizes the launch grid).
         out: [T, Hq, Dv] output in ``q.dtype``, last dimension unit-stride.
         debug: check slots, rows, lengths, offsets and spans (a host sync); None reads the
@@ -299,16 +299,16 @@ def run_extend_attention(
     backend: str = 'auto',
     check_values: bool = True,
 ) -> torch.Tensor:
-    """Dispatcher: Triton on CUDA, the torch reference elsewhere, unless ``backend`` says.
+    """Dispatcher: the 'triton' backend on CUDA, 'torch' elsewhere, unless ``backend`` says.
 
     Args:
         q, k, v, k_cache, v_cache, req_to_token, req_pool_indices, prefix_lens, extend_lens,
-            extend_start_loc, sm_scale, image_spans: as in :func:`extend_attention_ref`.
+            extend_start_loc, sm_scale, image_spans: as in :func:`extend_attention_torch`.
         max_extend_len: bound on ``extend_lens`` for the Triton grid; None computes it
             (a host sync).
         backend: 'auto', 'triton' (on CPU this needs ``TRITON_INTERPRET=1`` set before the
             first launch) or 'torch'.
-        check_values: the reference's index checks (the Triton path checks them only when
+        check_values: the 'torch' backend's index checks (Triton checks them only when
             ``VLA_SCHED_KERNEL_DEBUG`` is set).
 
     Returns:
@@ -329,7 +329,7 @@ def run_extend_attention(
         image_spans=image_spans,
     )
     if checks.resolve_backend(backend, q.device) == 'torch':
-        return extend_attention_ref(**common, check_values=check_values)
+        return extend_attention_torch(**common, check_values=check_values)
     if max_extend_len is None:
         max_extend_len = int(extend_lens.max()) if extend_lens.numel() else 0
     out = q.new_empty((q.shape[0], q.shape[1], v_cache.shape[2]))

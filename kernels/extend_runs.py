@@ -1,9 +1,9 @@
-"""The torch reference of paged extend attention as a per-step plan and per-layer arithmetic.
+"""The 'torch' backend of paged extend attention as a per-step plan and per-layer arithmetic.
 
 ``extend_runs`` groups neighbouring requests of one shape (prefix length, extend length,
 image span) and works out their prefix slots and mask once per step; ``extend_attention_
-over_runs`` is the float32 arithmetic of ``extend_attention_ref`` on them, one batched
-product per run. Neither checks its inputs: ``extend_attention_ref`` checks, then runs
+over_runs`` is the float32 arithmetic of ``extend_attention_torch`` on them, one batched
+product per run. Neither checks its inputs: ``extend_attention_torch`` checks, then runs
 both; a model's runner checks its batch once, then calls them.
 """
 
@@ -105,7 +105,7 @@ def extend_attention_over_runs(
     runs: list[ExtendRun],
     sm_scale: float,
 ) -> torch.Tensor:
-    """The arithmetic of :func:`extend_attention_ref` on runs it already worked out (no
+    """The arithmetic of :func:`extend_attention_torch` on runs it already worked out (no
     checks: the caller checked the inputs once for every layer)."""
     num_tokens, num_q_heads, head_dim = q.shape
     num_kv_heads, v_head_dim = v_cache.shape[1], v_cache.shape[2]

@@ -6,9 +6,9 @@ slot ``out_cache_loc[t]``. The inputs ``k``/``v`` may be strided views (for exam
 of a fused QKV projection) as long as their last dimension has stride 1.
 
 Three entry points share one contract:
-- ``store_kv``: the Triton launcher (one program per token, all heads at once).
-- ``store_kv_ref``: the torch reference (an indexed copy, ``write_kv``, after its checks).
-- ``run_store_kv``: picks one of the two ('auto': Triton on CUDA, torch elsewhere).
+- ``store_kv``: the 'triton' backend's launcher (one program per token, all heads at once).
+- ``store_kv_torch``: the 'torch' backend (an indexed copy, ``write_kv``, after its checks).
+- ``run_store_kv``: picks one of the two ('auto': 'triton' on CUDA, 'torch' elsewhere).
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def _check_store_locations(out_cache_loc: torch.Tensor, num_slots: int) -> None:
         raise ValueError(f'out_cache_loc writes slot {duplicate} more than once')
 
 
-def store_kv_ref(
+def store_kv_torch(
     *,
     k: torch.Tensor,
     v: torch.Tensor,
@@ -59,7 +59,7 @@ def store_kv_ref(
     out_cache_loc: torch.Tensor,
     check_values: bool = True,
 ) -> None:
-    """Torch reference: ``k_cache[out_cache_loc[t]] = k[t]`` and the same for V.
+    """The 'torch' backend: ``k_cache[out_cache_loc[t]] = k[t]`` and the same for V.
 
     Args:
         k: [T, Hkv, D] keys of the step's new tokens, in the cache dtype.
@@ -87,7 +87,7 @@ def write_kv(
     v_cache: torch.Tensor,
     locations: torch.Tensor,
 ) -> None:
-    """The write of :func:`store_kv_ref` without its checks: ``locations`` int64, distinct
+    """The write of :func:`store_kv_torch` without its checks: ``locations`` int64, distinct
     and in range, checked by the caller once for every layer."""
     k_cache.index_copy_(0, locations, k)
     v_cache.index_copy_(0, locations, v)
@@ -102,10 +102,10 @@ def store_kv(
     out_cache_loc: torch.Tensor,
     debug: bool | None = None,
 ) -> None:
-    """Triton launcher with the contract of :func:`store_kv_ref`.
+    """Triton launcher with the contract of :func:`store_kv_torch`.
 
     Args:
-        k, v, k_cache, v_cache, out_cache_loc: as in :func:`store_kv_ref`.
+        k, v, k_cache, v_cache, out_cache_loc: as in :func:`store_kv_torch`.
         debug: run the slot range and uniqueness checks (a host sync); None reads the
             ``VLA_SCHED_KERNEL_DEBUG`` environment variable at call time.
     """
@@ -130,19 +130,19 @@ def run_store_kv(
     backend: str = 'auto',
     check_values: bool = True,
 ) -> None:
-    """Dispatcher: Triton on CUDA, the torch reference elsewhere, unless ``backend`` says.
+    """Dispatcher: the 'triton' backend on CUDA, 'torch' elsewhere, unless ``backend`` says.
 
     Args:
-        k, v, k_cache, v_cache, out_cache_loc: as in :func:`store_kv_ref`.
+        k, v, k_cache, v_cache, out_cache_loc: as in :func:`store_kv_torch`.
         backend: 'auto', 'triton' (on CPU this needs ``TRITON_INTERPRET=1`` set before the
             first launch) or 'torch'.
-        check_values: the reference's slot checks (the Triton path checks them only when
+        check_values: the 'torch' backend's slot checks (Triton checks them only when
             ``VLA_SCHED_KERNEL_DEBUG`` is set).
     """
     if checks.resolve_backend(backend, k_cache.device) == 'triton':
         store_kv(k=k, v=v, k_cache=k_cache, v_cache=v_cache, out_cache_loc=out_cache_loc)
     else:
-        store_kv_ref(
+        store_kv_torch(
             k=k, v=v, k_cache=k_cache, v_cache=v_cache, out_cache_loc=out_cache_loc,
             check_values=check_values,
         )  # fmt: skip

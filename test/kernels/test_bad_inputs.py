@@ -10,9 +10,9 @@ import pytest
 import torch
 from paged_kv_cases import build_paged_kv
 
-from vla_sched.kernels.decode_attention import decode_attention, decode_attention_ref
-from vla_sched.kernels.extend_attention import extend_attention, extend_attention_ref
-from vla_sched.kernels.store_kv import store_kv, store_kv_ref
+from vla_sched.kernels.decode_attention import decode_attention, decode_attention_torch
+from vla_sched.kernels.extend_attention import extend_attention, extend_attention_torch
+from vla_sched.kernels.store_kv import store_kv, store_kv_torch
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -52,7 +52,7 @@ def test_decode_rejects_query_dtype_that_differs_from_the_cache():
     inputs = _decode_inputs()
     inputs['q'] = inputs['q'].half()
     with pytest.raises(TypeError, match=r'q has dtype torch\.float16 but k_cache'):
-        decode_attention_ref(**inputs)
+        decode_attention_torch(**inputs)
 
 
 def test_decode_rejects_tensors_on_different_devices():
@@ -77,7 +77,7 @@ def test_decode_rejects_query_heads_that_are_not_a_multiple_of_kv_heads():
     inputs = _decode_inputs()
     inputs['q'] = torch.randn((2, 3, 64))
     with pytest.raises(ValueError, match=r'query heads \(3\) must be a positive multiple'):
-        decode_attention_ref(**inputs)
+        decode_attention_torch(**inputs)
 
 
 def test_decode_rejects_wrong_scratch_buffers():
@@ -102,7 +102,7 @@ def test_decode_debug_mode_names_the_request_reading_a_slot_out_of_range():
     with pytest.raises(IndexError, match=rf'request 1: req_to_token\[{row}, 3\]'):
         decode_attention(**inputs, **_decode_buffers(), debug=True)
     with pytest.raises(IndexError, match='request 1'):
-        decode_attention_ref(**inputs)
+        decode_attention_torch(**inputs)
 
 
 def test_decode_debug_mode_follows_the_environment_variable_at_call_time(monkeypatch):
@@ -152,7 +152,7 @@ def test_extend_debug_mode_rejects_offsets_that_are_not_the_cumsum():
     with pytest.raises(ValueError, match='extend_start_loc'):
         extend_attention(**inputs, max_extend_len=3, out=out, debug=True)
     with pytest.raises(ValueError, match='extend_start_loc'):
-        extend_attention_ref(**inputs)
+        extend_attention_torch(**inputs)
 
 
 def test_extend_debug_mode_rejects_lengths_past_max_extend_len_and_bad_spans():
@@ -160,14 +160,14 @@ def test_extend_debug_mode_rejects_lengths_past_max_extend_len_and_bad_spans():
     with pytest.raises(IndexError, match=r'extend_lens\[0\] = 3'):
         extend_attention(**_extend_inputs(), max_extend_len=2, out=out, debug=True)
     with pytest.raises(ValueError, match='request 1: image span'):
-        extend_attention_ref(**_extend_inputs(), image_spans=torch.tensor([[0, 0], [4, 3]]))
+        extend_attention_torch(**_extend_inputs(), image_spans=torch.tensor([[0, 0], [4, 3]]))
 
 
 def test_extend_rejects_a_negative_prefix_slot():
     inputs = _extend_inputs()
     inputs['req_to_token'][int(inputs['req_pool_indices'][0]), 1] = -1
     with pytest.raises(IndexError, match='request 0'):
-        extend_attention_ref(**inputs)
+        extend_attention_torch(**inputs)
 
 
 def test_extend_rejects_new_kv_shapes_that_do_not_match_the_queries():
@@ -191,17 +191,17 @@ def test_store_kv_rejects_out_of_range_and_duplicate_slots():
             debug=True,
         )
     with pytest.raises(ValueError, match='slot 2 more than once'):
-        store_kv_ref(
+        store_kv_torch(
             k=k, v=k, k_cache=k_cache, v_cache=v_cache, out_cache_loc=torch.tensor([2, 2])
         )
     with pytest.raises(TypeError, match=r'k has dtype torch\.float16'):
-        store_kv_ref(
+        store_kv_torch(
             k=k.half(), v=k, k_cache=k_cache, v_cache=v_cache, out_cache_loc=torch.tensor([0, 1])
         )
     assert not k_cache.any()
 
 
-def test_references_import_and_run_without_triton():
+def test_torch_backend_imports_and_runs_without_triton():
     script = (
         'import sys, torch\n'
         "sys.modules['triton'] = None\n"

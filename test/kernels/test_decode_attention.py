@@ -17,7 +17,7 @@ from vla_sched.kernels.decode_attention import (
     HEADS_PER_PROGRAM,
     choose_num_kv_splits,
     decode_attention,
-    decode_attention_ref,
+    decode_attention_torch,
     run_decode_attention,
 )
 
@@ -87,7 +87,7 @@ def test_decode_kernel_matches_reference(name):
     inputs = _make_inputs(case, seed=len(name) * 31 + sum(case.seq_lens))
     buffers = _poisoned_buffers(case)
     decode_attention(**inputs, **buffers, debug=True)
-    expected = decode_attention_ref(**inputs)
+    expected = decode_attention_torch(**inputs)
     assert max_rel_error(buffers['out'], expected) <= TOLERANCE
 
 
@@ -107,7 +107,7 @@ def test_decode_kernel_matches_reference_across_head_dims_pages_and_groups(
     inputs = _make_inputs(case, seed=seed + 1)
     buffers = _poisoned_buffers(case)
     decode_attention(**inputs, **buffers, debug=True)
-    expected = decode_attention_ref(**inputs)
+    expected = decode_attention_torch(**inputs)
     assert max_rel_error(buffers['out'], expected) <= TOLERANCE
 
 
@@ -118,14 +118,14 @@ def test_decode_kernel_with_gpu_tile_sizes_matches_reference():
     launch_decode_attention(
         **inputs, **buffers, heads_per_program=HEADS_PER_PROGRAM, tile_sizes=(64, 64, 4)
     )
-    expected = decode_attention_ref(**inputs)
+    expected = decode_attention_torch(**inputs)
     assert max_rel_error(buffers['out'], expected) <= TOLERANCE
 
 
 def test_decode_kernel_takes_int64_slot_tables_and_int32_lengths():
     case = DecodeCase(4, 2, 64, 64, 16, (21, 6), (2, 1), 2)
     inputs = _make_inputs(case, seed=41)
-    expected = decode_attention_ref(**inputs)
+    expected = decode_attention_torch(**inputs)
     inputs['req_to_token'] = inputs['req_to_token'].long()
     inputs['req_pool_indices'] = inputs['req_pool_indices'].int()
     inputs['seq_lens'] = inputs['seq_lens'].int()
@@ -153,7 +153,7 @@ def test_decode_kernel_bf16_inputs_stay_close_to_the_float32_reference():
     buffers = _poisoned_buffers(case, dtype=torch.bfloat16)
     decode_attention(**inputs, **buffers)
     assert buffers['out'].dtype == torch.bfloat16
-    expected = decode_attention_ref(**inputs)
+    expected = decode_attention_torch(**inputs)
     assert max_rel_error(buffers['out'], expected) <= 1e-2
 
 
@@ -161,7 +161,7 @@ def test_run_decode_attention_triton_backend_picks_splits_and_matches_reference(
     case = DecodeCase(8, 2, 80, 80, 1, (300, 7), (1, 1), 4)
     inputs = _make_inputs(case, seed=17)
     out = run_decode_attention(**inputs, backend='triton', max_kv_splits=4)
-    assert max_rel_error(out, decode_attention_ref(**inputs)) <= TOLERANCE
+    assert max_rel_error(out, decode_attention_torch(**inputs)) <= TOLERANCE
 
 
 def test_choose_num_kv_splits_splits_long_requests_only_while_the_gpu_is_underfilled():

@@ -15,7 +15,7 @@ from paged_kv_cases import build_paged_kv, max_rel_error
 from vla_sched.kernels._extend_attention_jit import launch_extend_attention
 from vla_sched.kernels.extend_attention import (
     extend_attention,
-    extend_attention_ref,
+    extend_attention_torch,
     run_extend_attention,
 )
 
@@ -94,7 +94,7 @@ def test_extend_kernel_matches_reference(name):
     out = _poisoned_out(inputs)
     max_extend_len = max(case.extend_lens)
     extend_attention(**inputs, max_extend_len=max_extend_len, out=out, debug=True)
-    assert max_rel_error(out, extend_attention_ref(**inputs)) <= TOLERANCE
+    assert max_rel_error(out, extend_attention_torch(**inputs)) <= TOLERANCE
 
 
 @pytest.mark.parametrize('head_dim', [64, 80, 96, 128])
@@ -117,7 +117,7 @@ def test_extend_kernel_matches_reference_across_head_dims_pages_and_masks(
     inputs = _make_inputs(case, seed=seed + 1)
     out = _poisoned_out(inputs)
     extend_attention(**inputs, max_extend_len=max(extend_lens), out=out, debug=True)
-    assert max_rel_error(out, extend_attention_ref(**inputs)) <= TOLERANCE
+    assert max_rel_error(out, extend_attention_torch(**inputs)) <= TOLERANCE
 
 
 def test_extend_kernel_with_gpu_block_sizes_matches_reference():
@@ -125,13 +125,13 @@ def test_extend_kernel_with_gpu_block_sizes_matches_reference():
     inputs = _make_inputs(case, seed=77)
     out = _poisoned_out(inputs)
     launch_extend_attention(**inputs, max_extend_len=100, out=out, block_sizes=(64, 64, 8))
-    assert max_rel_error(out, extend_attention_ref(**inputs)) <= TOLERANCE
+    assert max_rel_error(out, extend_attention_torch(**inputs)) <= TOLERANCE
 
 
 def test_extend_kernel_takes_int64_slot_tables_and_int32_lengths():
     case = ExtendCase(2, 1, 64, 64, 16, (9, 0), (5, 12), ((10, 13), (2, 8)))
     inputs = _make_inputs(case, seed=13)
-    expected = extend_attention_ref(**inputs)
+    expected = extend_attention_torch(**inputs)
     inputs['req_to_token'] = inputs['req_to_token'].long()
     for name in ('req_pool_indices', 'prefix_lens', 'extend_lens', 'extend_start_loc'):
         inputs[name] = inputs[name].int()
@@ -145,4 +145,4 @@ def test_run_extend_attention_triton_backend_matches_reference():
     case = ExtendCase(4, 2, 80, 80, 16, (3, 12), (9, 14), ((5, 9), (0, 0)))
     inputs = _make_inputs(case, seed=8)
     out = run_extend_attention(**inputs, backend='triton')
-    assert max_rel_error(out, extend_attention_ref(**inputs)) <= TOLERANCE
+    assert max_rel_error(out, extend_attention_torch(**inputs)) <= TOLERANCE

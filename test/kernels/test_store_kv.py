@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vla_sched.kernels.store_kv import run_store_kv, store_kv, store_kv_ref
+from vla_sched.kernels.store_kv import run_store_kv, store_kv, store_kv_torch
 
 
 def _fresh_caches(num_slots: int, num_kv_heads: int, head_dim: int, v_head_dim: int):
@@ -28,7 +28,7 @@ def test_store_kv_kernel_writes_exactly_what_the_reference_writes(
     k_kernel, v_kernel = _fresh_caches(num_slots, num_kv_heads, head_dim, v_head_dim)
     k_ref, v_ref = _fresh_caches(num_slots, num_kv_heads, head_dim, v_head_dim)
     store_kv(k=k, v=v, k_cache=k_kernel, v_cache=v_kernel, out_cache_loc=locations, debug=True)
-    store_kv_ref(k=k, v=v, k_cache=k_ref, v_cache=v_ref, out_cache_loc=locations)
+    store_kv_torch(k=k, v=v, k_cache=k_ref, v_cache=v_ref, out_cache_loc=locations)
     assert torch.allclose(k_kernel, k_ref, equal_nan=True, rtol=0, atol=0)
     assert torch.allclose(v_kernel, v_ref, equal_nan=True, rtol=0, atol=0)
     written = torch.zeros(num_slots, dtype=torch.bool)

@@ -2,9 +2,10 @@
 
 The metadata is built once per step (on the device) and passed to every layer as an
 argument; each layer stores its new K/V into the paged cache and then attends through the
-engine's slot table with the ``vla_sched.kernels`` dispatchers. On the torch reference
-path with values the caller checked, ``build`` also works out once per step which slots
-every layer reads (``ReferencePlan``), and each layer runs only the reference arithmetic.
+engine's slot table with the ``vla_sched.kernels`` dispatchers. On the 'torch' kernel
+backend (the CPU path) with values the caller checked, ``build`` also works out once per
+step which slots every layer reads (``TorchAttentionPlan``), and each layer runs only the
+backend's arithmetic.
 """
 
 from __future__ import annotations
@@ -60,8 +61,8 @@ class DecodeScratch:
 
 
 @dataclass(frozen=True, slots=True, eq=False)
-class ReferencePlan:
-    """What every layer of a step reads on the torch reference path, worked out once.
+class TorchAttentionPlan:
+    """What every layer of a step reads on the 'torch' kernel backend, worked out once.
 
     A decode step has only ``decode`` reads. An extend step has ``extend`` runs for its
     requests of several new tokens, and ``decode`` reads for those of one new token (the
@@ -97,7 +98,7 @@ class AttentionMetadata:
     backend: str = 'auto'
     decode_scratch: DecodeScratch | None = None
     check_values: bool = True  # False: the caller checked slots and lengths (the runner)
-    reference_plan: ReferencePlan | None = None  # torch path, checked values: per step
+    torch_plan: TorchAttentionPlan | None = None  # 'torch' backend, values checked: per step
 
     @property
     def num_tokens(self) -> int:
@@ -121,7 +122,7 @@ class AttentionMetadata:
         """Derive positions and offsets from CPU lengths and move everything to ``device``.
 
         With ``check_values`` False (the caller checked every slot, row and length) and the
-        torch reference backend, the slots every layer reads are worked out here, once.
+        'torch' kernel backend, the slots every layer reads are worked out here, once.
         """
         prefix_lens, extend_lens = _int64(prefix_lens), _int64(extend_lens)
         num_tokens, num_reqs = int(out_cache_loc.shape[0]), int(extend_lens.shape[0])
@@ -143,15 +144,15 @@ class AttentionMetadata:
         req_pool_indices = put(_int64(req_pool_indices))
         device_seq_lens = put(seq_lens)
         plan = None
-        on_reference = backend == 'torch' or (backend == 'auto' and device.type != 'cuda')
-        if not check_values and num_tokens and on_reference:
+        on_torch = backend == 'torch' or (backend == 'auto' and device.type != 'cuda')
+        if not check_values and num_tokens and on_torch:
             if is_decode:
                 reads = decode_reads(
                     req_to_token=req_to_token,
                     req_pool_indices=req_pool_indices,
                     seq_lens=device_seq_lens,
                 )
-                plan = ReferencePlan(decode=reads)
+                plan = TorchAttentionPlan(decode=reads)
             else:
                 plan = _extend_plan(
                     req_to_token=req_to_token,
@@ -176,7 +177,7 @@ class AttentionMetadata:
             image_spans=None if image_spans is None else put(image_spans.to(torch.int64)),
             backend=backend,
             check_values=check_values,
-            reference_plan=plan,
+            torch_plan=plan,
         )
 
 
@@ -189,9 +190,9 @@ def _extend_plan(
     extend_start_loc: torch.Tensor,
     seq_lens: torch.Tensor,
     image_spans: torch.Tensor | None,
-) -> ReferencePlan:
+) -> TorchAttentionPlan:
     """An extend step's plan: runs for the requests of several new tokens, one batched
-    decode for those of one (see ``ReferencePlan``). Lengths and offsets are on the host,
+    decode for those of one (see ``TorchAttentionPlan``). Lengths and offsets are on the host,
     the pool rows and ``seq_lens`` on the device."""
     lens = extend_lens.tolist()
     single = [i for i, n in enumerate(lens) if n == 1]
@@ -213,7 +214,7 @@ def _extend_plan(
             image_spans=pick(image_spans),
         )
     if not single:
-        return ReferencePlan(extend=runs)
+        return TorchAttentionPlan(extend=runs)
     single_host = torch.tensor(single, dtype=torch.int64)
     single_dev = single_host.to(req_pool_indices.device)
     reads = decode_reads(
@@ -222,7 +223,7 @@ def _extend_plan(
         seq_lens=seq_lens[single_dev],
     )
     rows = extend_start_loc[single_host].to(req_pool_indices.device)
-    return ReferencePlan(decode=reads, extend=runs, decode_rows=rows)
+    return TorchAttentionPlan(decode=reads, extend=runs, decode_rows=rows)
 
 
 def _int64(t: torch.Tensor) -> torch.Tensor:
@@ -266,7 +267,7 @@ def paged_attention(
     Returns:
         [T, Hq, Dv] attention output in ``q.dtype``.
     """
-    plan = meta.reference_plan
+    plan = meta.torch_plan
     if plan is not None:
         write_kv(k=k, v=v, k_cache=k_cache, v_cache=v_cache, locations=meta.out_cache_loc)
         if plan.extend is None:

@@ -10,7 +10,7 @@ class RunnerConfig:
     """How the runner executes steps.
 
     Attributes:
-        backend: Kernel backend: ``auto`` (Triton on CUDA, torch references elsewhere),
+        backend: Kernel backend: ``auto`` (``triton`` on CUDA, ``torch`` elsewhere),
             ``triton`` or ``torch``.
         feature_cache_size: Images whose projected features are kept (by content hash).
         bidirectional_image_spans: Let image tokens see each other (prefix-LM models); LLaVA

@@ -1,4 +1,4 @@
-"""The float32 torch references against F.scaled_dot_product_attention on dense inputs."""
+"""The float32 'torch' backend against F.scaled_dot_product_attention on dense inputs."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import torch
 from paged_kv_cases import build_paged_kv, max_rel_error
 from torch.nn import functional
 
-from vla_sched.kernels.decode_attention import decode_attention_ref, run_decode_attention
-from vla_sched.kernels.extend_attention import extend_attention_ref, run_extend_attention
-from vla_sched.kernels.store_kv import run_store_kv, store_kv_ref
+from vla_sched.kernels.decode_attention import decode_attention_torch, run_decode_attention
+from vla_sched.kernels.extend_attention import extend_attention_torch, run_extend_attention
+from vla_sched.kernels.store_kv import run_store_kv, store_kv_torch
 
 TOLERANCE = 1e-5
 
@@ -29,7 +29,7 @@ def _sdpa(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask, s
 
 @pytest.mark.parametrize('num_q_heads,num_kv_heads', [(4, 4), (4, 2), (6, 1)])
 @pytest.mark.parametrize('page_size', [1, 16])
-def test_decode_ref_matches_sdpa_over_gathered_kv(num_q_heads, num_kv_heads, page_size):
+def test_decode_torch_matches_sdpa_over_gathered_kv(num_q_heads, num_kv_heads, page_size):
     generator = torch.Generator().manual_seed(num_q_heads * 100 + num_kv_heads + page_size)
     seq_lens = [1, 17, 40]
     paged = build_paged_kv(
@@ -43,7 +43,7 @@ def test_decode_ref_matches_sdpa_over_gathered_kv(num_q_heads, num_kv_heads, pag
     )
     q = torch.randn((len(seq_lens), num_q_heads, 80), generator=generator)
     scale = 80**-0.5
-    out = decode_attention_ref(
+    out = decode_attention_torch(
         q=q,
         k_cache=paged.k_cache,
         v_cache=paged.v_cache,
@@ -70,7 +70,7 @@ def _extend_dense_mask(prefix_len: int, extend_len: int, span: tuple[int, int]) 
 
 @pytest.mark.parametrize('use_spans', [False, True])
 @pytest.mark.parametrize('num_q_heads,num_kv_heads', [(2, 2), (4, 1)])
-def test_extend_ref_matches_sdpa_with_prefix_causal_and_image_masks(
+def test_extend_torch_matches_sdpa_with_prefix_causal_and_image_masks(
     use_spans, num_q_heads, num_kv_heads
 ):
     generator = torch.Generator().manual_seed(7 + num_q_heads + 10 * use_spans)
@@ -90,7 +90,7 @@ def test_extend_ref_matches_sdpa_with_prefix_causal_and_image_masks(
     k = torch.cat([dk[p:] for dk, p in zip(paged.dense_k, prefix_lens, strict=True)])
     v = torch.cat([dv[p:] for dv, p in zip(paged.dense_v, prefix_lens, strict=True)])
     starts = torch.tensor([0, *torch.cumsum(torch.tensor(extend_lens), 0)[:-1].tolist()])
-    out = extend_attention_ref(
+    out = extend_attention_torch(
         q=q,
         k=k,
         v=v,
@@ -112,7 +112,7 @@ def test_extend_ref_matches_sdpa_with_prefix_causal_and_image_masks(
         assert max_rel_error(out[rows], expected) <= TOLERANCE
 
 
-def test_extend_ref_image_span_changes_only_queries_inside_the_span():
+def test_extend_torch_image_span_changes_only_queries_inside_the_span():
     generator = torch.Generator().manual_seed(3)
     paged = build_paged_kv(
         seq_lens=[10],
@@ -137,21 +137,21 @@ def test_extend_ref_image_span_changes_only_queries_inside_the_span():
         extend_start_loc=torch.tensor([0]),
         sm_scale=0.125,
     )
-    causal = extend_attention_ref(**inputs)
-    spanned = extend_attention_ref(**inputs, image_spans=torch.tensor([[5, 8]]))
+    causal = extend_attention_torch(**inputs)
+    spanned = extend_attention_torch(**inputs, image_spans=torch.tensor([[5, 8]]))
     # Positions 4..9; span [5, 8) covers rows 1..3. Row 3 (position 7) is last in the span.
     changed = (causal - spanned).abs().amax(dim=(1, 2)) > 1e-6
     assert changed.tolist() == [False, True, True, False, False, False]
 
 
-def test_store_kv_ref_writes_each_token_to_its_slot_only():
+def test_store_kv_torch_writes_each_token_to_its_slot_only():
     generator = torch.Generator().manual_seed(11)
     k_cache = torch.zeros((12, 2, 64))
     v_cache = torch.zeros((12, 2, 80))
     k = torch.randn((3, 2, 64), generator=generator)
     v = torch.randn((3, 2, 80), generator=generator)
     locations = torch.tensor([9, 0, 4])
-    store_kv_ref(k=k, v=v, k_cache=k_cache, v_cache=v_cache, out_cache_loc=locations)
+    store_kv_torch(k=k, v=v, k_cache=k_cache, v_cache=v_cache, out_cache_loc=locations)
     assert torch.equal(k_cache[locations], k)
     assert torch.equal(v_cache[locations], v)
     untouched = torch.ones(12, dtype=torch.bool)
@@ -160,7 +160,7 @@ def test_store_kv_ref_writes_each_token_to_its_slot_only():
     assert not v_cache[untouched].any()
 
 
-def test_dispatchers_on_cpu_default_to_the_reference():
+def test_dispatchers_on_cpu_default_to_the_torch_backend():
     generator = torch.Generator().manual_seed(5)
     paged = build_paged_kv(
         seq_lens=[3, 9],
@@ -181,7 +181,7 @@ def test_dispatchers_on_cpu_default_to_the_reference():
         seq_lens=torch.tensor([3, 9]),
         sm_scale=0.125,
     )
-    assert torch.equal(run_decode_attention(**inputs), decode_attention_ref(**inputs))
+    assert torch.equal(run_decode_attention(**inputs), decode_attention_torch(**inputs))
     extend_inputs = dict(
         q=q,
         k=q[:, :2],
@@ -196,7 +196,7 @@ def test_dispatchers_on_cpu_default_to_the_reference():
         sm_scale=0.125,
     )
     assert torch.equal(
-        run_extend_attention(**extend_inputs), extend_attention_ref(**extend_inputs)
+        run_extend_attention(**extend_inputs), extend_attention_torch(**extend_inputs)
     )
     k_cache = torch.zeros((4, 2, 64))
     run_store_kv(

@@ -1,7 +1,7 @@
-"""The references' per-step plans: which slots every layer reads, worked out once.
+"""The 'torch' backend's per-step plans: which slots every layer reads, worked out once.
 
-A step's decode reads and extend runs are shared by all layers of the model's torch path;
-the references themselves run plan and arithmetic back to back.
+A step's decode reads and extend runs are shared by all layers of the model's CPU path;
+the backend's own entry points run plan and arithmetic back to back.
 """
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ from __future__ import annotations
 import torch
 from paged_kv_cases import build_paged_kv, max_rel_error
 
-from vla_sched.kernels.decode_attention import decode_attention_ref
+from vla_sched.kernels.decode_attention import decode_attention_torch
 from vla_sched.kernels.decode_reads import decode_attention_over_reads, decode_reads
-from vla_sched.kernels.extend_attention import extend_attention_ref
+from vla_sched.kernels.extend_attention import extend_attention_torch
 from vla_sched.kernels.extend_runs import extend_runs
-from vla_sched.kernels.store_kv import store_kv_ref, write_kv
+from vla_sched.kernels.store_kv import store_kv_torch, write_kv
 
 TOLERANCE = 1e-5
 
@@ -44,7 +44,7 @@ def test_decode_reads_pad_only_when_lengths_differ_and_zero_the_padding_slots():
     assert slots[2].tolist() == paged.slots[2].tolist()
 
 
-def test_decode_over_shared_reads_equals_the_reference_for_every_layer():
+def test_decode_over_shared_reads_equals_decode_attention_torch_for_every_layer():
     generator = torch.Generator().manual_seed(2)
     seq_lens = [4, 9, 9]
     layers = [
@@ -66,7 +66,7 @@ def test_decode_over_shared_reads_equals_the_reference_for_every_layer():
         paged.k_cache.mul_(torch.rand(1, generator=generator) + 0.5)
         q = torch.randn((3, 4, 16), generator=generator)
         caches = dict(k_cache=paged.k_cache, v_cache=paged.v_cache)
-        expected = decode_attention_ref(
+        expected = decode_attention_torch(
             q=q, **caches, req_to_token=table, req_pool_indices=rows, seq_lens=lengths,
             sm_scale=0.25,
         )  # fmt: skip
@@ -107,7 +107,7 @@ def test_extend_runs_split_where_the_image_spans_differ():
     assert not runs[0].hidden[1, 2]  # position 1 sees position 2 inside the span
 
 
-def test_extend_ref_over_runs_matches_each_request_alone():
+def test_extend_torch_over_runs_matches_each_request_alone():
     generator = torch.Generator().manual_seed(4)
     prefix_lens, extend_lens = [6, 6, 6, 0, 6], [5, 5, 5, 7, 5]
     spans = [[7, 10], [7, 10], [7, 10], [0, 0], [0, 0]]
@@ -126,14 +126,14 @@ def test_extend_ref_over_runs_matches_each_request_alone():
     v = torch.cat([dv[p:] for dv, p in zip(paged.dense_v, prefix_lens, strict=True)])
     starts = [sum(extend_lens[:i]) for i in range(len(extend_lens))]
     caches = dict(k_cache=paged.k_cache, v_cache=paged.v_cache, req_to_token=paged.req_to_token)
-    out = extend_attention_ref(
+    out = extend_attention_torch(
         q=q, k=k, v=v, **caches, req_pool_indices=paged.req_pool_indices,
         prefix_lens=torch.tensor(prefix_lens), extend_lens=torch.tensor(extend_lens),
         extend_start_loc=torch.tensor(starts), sm_scale=0.25, image_spans=torch.tensor(spans),
     )  # fmt: skip
     for i, start in enumerate(starts):
         rows = slice(start, start + extend_lens[i])
-        alone = extend_attention_ref(
+        alone = extend_attention_torch(
             q=q[rows], k=k[rows], v=v[rows], **caches,
             req_pool_indices=paged.req_pool_indices[i : i + 1],
             prefix_lens=torch.tensor(prefix_lens[i : i + 1]),
@@ -143,19 +143,19 @@ def test_extend_ref_over_runs_matches_each_request_alone():
         assert max_rel_error(out[rows], alone) <= TOLERANCE
 
 
-def test_write_kv_stores_what_the_store_reference_stores():
+def test_write_kv_stores_what_store_kv_torch_stores():
     generator = torch.Generator().manual_seed(5)
     k = torch.randn((3, 2, 8), generator=generator)
     v = torch.randn((3, 2, 8), generator=generator)
     locations = torch.tensor([7, 1, 4])
     caches = [(torch.zeros(9, 2, 8), torch.zeros(9, 2, 8)) for _ in range(2)]
-    store_kv_ref(k=k, v=v, k_cache=caches[0][0], v_cache=caches[0][1], out_cache_loc=locations)
+    store_kv_torch(k=k, v=v, k_cache=caches[0][0], v_cache=caches[0][1], out_cache_loc=locations)
     write_kv(k=k, v=v, k_cache=caches[1][0], v_cache=caches[1][1], locations=locations)
     assert torch.equal(caches[0][0], caches[1][0])
     assert torch.equal(caches[0][1], caches[1][1])
 
 
-def test_an_extend_step_runs_its_one_token_requests_as_one_decode_and_equals_the_reference():
+def test_an_extend_step_runs_its_one_token_requests_as_one_decode_and_equals_the_checked_path():
     from vla_sched.model.layers.attention import AttentionMetadata, paged_attention
 
     generator = torch.Generator().manual_seed(7)
@@ -174,7 +174,7 @@ def test_an_extend_step_runs_its_one_token_requests_as_one_decode_and_equals_the
     v = torch.cat([dense[rows] for dense, rows in zip(paged.dense_v, new, strict=True)])
     q = torch.randn((k.shape[0], 4, 16), generator=generator)
     outputs = {}
-    for checked in (True, False):  # the per-request reference, then the runner's plan
+    for checked in (True, False):  # the checked per-call path, then the runner's plan
         meta = AttentionMetadata.build(
             is_decode=False,
             req_to_token=paged.req_to_token,
@@ -186,7 +186,7 @@ def test_an_extend_step_runs_its_one_token_requests_as_one_decode_and_equals_the
             backend='torch',
             check_values=checked,
         )
-        assert (meta.reference_plan is None) == checked
+        assert (meta.torch_plan is None) == checked
         outputs[checked] = paged_attention(
             q=q,
             k=k,
@@ -196,7 +196,7 @@ def test_an_extend_step_runs_its_one_token_requests_as_one_decode_and_equals_the
             meta=meta,
             sm_scale=0.25,
         )
-    plan = meta.reference_plan
+    plan = meta.torch_plan
     assert plan.decode_rows.tolist() == [5, 6, 11]  # the token rows of the one-token requests
     assert [(run.num_requests, run.extend_len) for run in plan.extend] == [(1, 5), (1, 4)]
     assert max_rel_error(outputs[False], outputs[True]) < TOLERANCE
