@@ -5,7 +5,7 @@ device copy of the engine's slot table; it copies the batch's rows of ``req_to_t
 each launch (on the CPU without padded paths a step ends inside ``launch``, so it reads
 the engine's table in place). Images are encoded once per content hash (a small LRU) and
 the rows a chunk covers replace its image placeholder tokens. ``RunnerConfig`` lives in
-``runner_config`` and the padded paths in ``padded_paths``.
+``config`` and the padded paths in ``padded_paths`` (on the ``graph_runner`` base).
 
 For the overlap loop, ``launch`` returns at once on a GPU (results are copied back on the
 side and ``result()`` waits for them), and an input id of ``-1`` stands for the token the
