@@ -141,7 +141,7 @@ class ScheduledServer:
         )
         bos = RadixKey(torch.tensor([BOS_TOKEN_ID], dtype=torch.int64), extra_key=MODEL_KEY)
         for robot in range(num_robots):
-            self.sched.memory.sessions.open(f'r{robot}', bos, now=0.0)
+            self.sched.memory.sessions.open(f'r{robot}', bos, now_ns=0)
 
     def submit(self, robot: int, seq: int, stamp_ns: int, deadline_ns: int) -> StepEnd | None:
         image = ImageInput(

@@ -199,7 +199,7 @@ def simulate(scenario: Scenario, variant: Variant) -> Summary:
     clock: SimClock = sched.clock
     for robot in range(scenario.num_robots):
         key = RadixKey(torch.tensor(_prefix(scenario, robot), dtype=torch.int64))
-        sched.memory.sessions.open(f'r{robot}', key, now=0.0)
+        sched.memory.sessions.open(f'r{robot}', key, now_ns=0)
     arrivals = _arrivals(scenario, rng)
     seqs = [0] * scenario.num_robots
     ended: list[Req] = []

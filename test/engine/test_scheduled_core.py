@@ -95,12 +95,12 @@ def test_a_new_instruction_swaps_the_session_prefix(core):
     assert core.submit(request, time.time_ns()) == []
     (out,) = _drain(core)
     assert isinstance(out, StepResult)
-    session = core.memory.sessions.get('r7')
+    (session,) = [s for s in core.scheduler.sessions() if s.robot_id == 'r7']
     prefix = core.prompts.build('open the drawer').token_ids
     assert session.prefix.token_ids.tolist() == list(prefix[: len(session.prefix.token_ids)])
     assert session.instruction_version == 2
     core.close_session('r7')
-    assert 'r7' not in core.memory.sessions
+    assert 'r7' not in {s.robot_id for s in core.scheduler.sessions()}
 
 
 def test_queue_time_starts_when_the_frontend_received_the_observation(core):
@@ -136,10 +136,11 @@ def test_prefill_chunk_defaults_to_the_device_and_a_set_value_wins():
     assert EngineConfig(chunked_prefill_size=96).prefill_chunk_tokens('cuda') == 96
 
 
-def test_the_scheduler_gets_the_cpu_chunk_when_the_setting_is_zero():
-    core = _core(chunked_prefill_size=0)
+def test_the_scheduler_gets_the_cpu_chunk_and_the_session_timeout_of_the_settings():
+    core = _core(chunked_prefill_size=0, session_idle_timeout_s=2.5)
     try:
         assert core.scheduler.config.chunked_prefill_size == 256
+        assert core.memory.sessions.idle_timeout_ns == 2_500_000_000
     finally:
         core.close()
 

@@ -148,6 +148,14 @@ class EngineConfig:
         max_value=1000,
         group='scheduler',
     )
+    session_idle_timeout_s: float = setting(
+        30.0,
+        "close a robot's session after this long without a step (s), unlocking its prompt "
+        'prefix in the KV cache (0: never)',
+        min_value=0.0,
+        max_value=86400.0,
+        group='scheduler',
+    )
     late_policy: str = setting(
         'drop', 'drop late steps or deliver them marked late', choices=LATE_POLICIES
     )

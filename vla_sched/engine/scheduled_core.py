@@ -25,7 +25,7 @@ from vla_sched.engine.checkpoints import check_model_path, resolve_checkpoint
 from vla_sched.engine.config import EngineConfig
 from vla_sched.engine.core_stats import engine_info, engine_stats, refuse_malformed
 from vla_sched.engine.device_choice import pick_device_and_dtype
-from vla_sched.engine.step_translator import StepTranslator, TranslatedStep
+from vla_sched.engine.step_translator import StepTranslator
 from vla_sched.ipc.messages import (
     EngineInfo,
     EngineStats,
@@ -79,7 +79,7 @@ class ScheduledCore:
                 num_req_slots=config.max_running_requests,
                 max_context_len=self._max_context_len(),
                 session_step_kv='free',
-                session_idle_timeout_s=0.0,
+                session_idle_timeout_s=config.session_idle_timeout_s,
             )
         )
         runner = ModelRunner(
@@ -129,27 +129,13 @@ class ScheduledCore:
         if refused:
             return refused
         step = self.translator.translate(request)
-        self._open_or_update_session(request.robot_id, step)
+        self.scheduler.open_or_update_session(
+            request.robot_id, step.session_prefix, instruction_version=step.instruction_version
+        )
         reason = self.scheduler.add_request(step.req)
         if reason is None:
             return []
         return [self._failure(step.req)]
-
-    def _open_or_update_session(self, robot_id: str, step: TranslatedStep) -> None:
-        """Open the robot's session, or swap its prefix if the instruction version changed.
-
-        The session (``KVMemory.sessions``) is the one record of the robot's prefix and of
-        the instruction version it was built from.
-        """
-        sessions = self.memory.sessions
-        version = step.instruction_version
-        now_s = time.time_ns() / 1e9
-        if robot_id not in sessions:
-            sessions.open(robot_id, step.session_prefix, now=now_s, instruction_version=version)
-        elif sessions.get(robot_id).instruction_version != version:
-            sessions.change_prefix(
-                robot_id, step.session_prefix, now=now_s, instruction_version=version
-            )
 
     def close_session(self, robot_id: str) -> None:
         self.scheduler.close_session(robot_id)
@@ -214,17 +200,15 @@ class ScheduledCore:
             num_running=len(self.scheduler.running_batch.reqs),
             chunked_rid=chunked.rid if chunked is not None else '',
             kv_use_percent=100.0 * self.scheduler.token_usage(),
-            session_prefix_tokens={
-                s.robot_id: s.locked_len for s in self.memory.sessions.sessions()
-            },
+            session_prefix_tokens={s.robot_id: s.locked_len for s in self.scheduler.sessions()},
         )
 
     def check_integrity(self) -> None:
         self.scheduler.check_integrity()
 
     def close(self) -> None:
-        for session in self.memory.sessions.sessions():
-            self.close_session(session.robot_id)
+        for session in self.scheduler.sessions():
+            self.scheduler.close_session(session.robot_id)
 
 
 def scheduler_config_for(c: EngineConfig, device_type: str) -> SchedulerConfig:

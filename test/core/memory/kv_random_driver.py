@@ -64,7 +64,7 @@ class KVMemoryDriver:
         self.prefixes = [self._prefix(i, n) for i, n in enumerate((p + 3, 2 * p + 1, 3))]
         self.image_len = p + 2
         self.live: dict[str, _Live] = {}
-        self.now = 0.0
+        self.now_ns = 0
         self.next_rid = 0
         num_slots = self.memory.allocator.num_slots
         self.shadow = torch.full((num_slots, 3), -(1 << 62), dtype=torch.int64)
@@ -118,15 +118,15 @@ class KVMemoryDriver:
         robot = f'robot{a % NUM_ROBOTS}'
         if robot in self.memory.sessions:
             with pytest.raises(SessionError, match=robot):
-                self.memory.sessions.open(robot, self.prefixes[b % 3], now=self.now)
+                self.memory.sessions.open(robot, self.prefixes[b % 3], now_ns=self.now_ns)
             return
-        self.memory.sessions.open(robot, self.prefixes[b % 3], now=self.now)
+        self.memory.sessions.open(robot, self.prefixes[b % 3], now_ns=self.now_ns)
         self.done['open'] += 1
 
     def _change_instruction(self, a: int, b: int) -> None:
         robot = f'robot{a % NUM_ROBOTS}'
         if robot in self.memory.sessions:
-            self.memory.sessions.change_prefix(robot, self.prefixes[b % 3], now=self.now)
+            self.memory.sessions.change_prefix(robot, self.prefixes[b % 3], now_ns=self.now_ns)
             self.done['change_instruction'] += 1
 
     def _close(self, a: int, b: int) -> None:
@@ -148,7 +148,7 @@ class KVMemoryDriver:
         if robot in self.memory.sessions:
             prefix = self.memory.sessions.get(robot).prefix
             req = self._make_req(rid, prefix, image_hash, suffix)
-            self.memory.sessions.begin_step(robot, req, now=self.now)
+            self.memory.sessions.begin_step(robot, req, now_ns=self.now_ns)
         else:
             namespace = None if a % 2 else 'franka'
             req = self._make_req(rid, self.prefixes[0].prefix(2), image_hash, suffix, namespace)
@@ -231,9 +231,9 @@ class KVMemoryDriver:
         self.done['evict'] += int(evicted > 0)
 
     def _tick(self, a: int, b: int) -> None:
-        self.now += float(b)
-        reaped = self.memory.sessions.reap_idle(now=self.now)
-        assert all(rids == () for rids in reaped.values())
+        self.now_ns += b * 10**9
+        reaped = self.memory.sessions.reap_idle(now_ns=self.now_ns)
+        assert not any(robot in self.memory.sessions for robot in reaped)
         self.done['reap'] += len(reaped)
 
     def _bad_call(self, a: int, b: int) -> None:
@@ -304,9 +304,9 @@ class KVMemoryDriver:
     def _drop(self, state: _Live, *, insert: bool) -> None:
         req = state.req
         if req.holds_memory:
-            self.memory.release(req, insert=insert, now=self.now)
+            self.memory.release(req, insert=insert, now_ns=self.now_ns)
         else:
-            self.memory.sessions.end_step(req, now=self.now)
+            self.memory.sessions.end_step(req, now_ns=self.now_ns)
         del self.live[req.rid]
 
     def _namespace_id(self, key: RadixKey) -> int:

@@ -19,11 +19,11 @@ def state() -> tuple[KVMemory, ReqKV, ReqKV]:
     done = ReqKV.from_prompt('done', list(range(50, 62)))
     prefill(memory, done)
     memory.release(done, insert=True)
-    memory.sessions.open('r1', RadixKey(torch.arange(100, 108)), now=0.0)
+    memory.sessions.open('r1', RadixKey(torch.arange(100, 108)), now_ns=0)
     waiting = ReqKV.from_prompt('waiting', [*range(100, 108), 3])
-    memory.sessions.begin_step('r1', waiting, now=0.0)
+    memory.sessions.begin_step('r1', waiting, now_ns=0)
     running = ReqKV.from_prompt('running', [*range(100, 108), 1, 2, 3, 4, 5, 6])
-    memory.sessions.begin_step('r1', running, now=0.0)
+    memory.sessions.begin_step('r1', running, now_ns=0)
     prefill(memory, running)
     return memory, running, waiting
 

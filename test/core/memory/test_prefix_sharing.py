@@ -35,7 +35,7 @@ def _prefix_key(extra_key: object = None) -> RadixKey:
 
 def _step(memory: KVMemory, robot: str, rid: str, image_hash: int) -> ReqKV:
     req = ReqKV.from_prompt(rid, _prompt(), images=[Image(image_hash)])
-    memory.sessions.begin_step(robot, req, now=0.0)
+    memory.sessions.begin_step(robot, req, now_ns=0)
     return req
 
 
@@ -43,8 +43,8 @@ def _step(memory: KVMemory, robot: str, rid: str, image_hash: int) -> ReqKV:
 def test_robots_with_the_same_prompt_prefix_share_its_pages(page_size: int) -> None:
     memory = make_memory(page_size=page_size, num_pages=256 // page_size + 4)
     aligned = len(SYSTEM_AND_INSTRUCTION) // page_size * page_size
-    memory.sessions.open('r1', _prefix_key(), now=0.0)
-    memory.sessions.open('r2', _prefix_key(), now=0.0)
+    memory.sessions.open('r1', _prefix_key(), now_ns=0)
+    memory.sessions.open('r2', _prefix_key(), now_ns=0)
     first = _step(memory, 'r1', 'a', image_hash=0xA)
     prefill(memory, first)
     second = _step(memory, 'r2', 'b', image_hash=0xB)
@@ -66,8 +66,8 @@ def test_robots_with_the_same_prompt_prefix_share_its_pages(page_size: int) -> N
 @pytest.mark.parametrize('page_size', [1, 16])
 def test_two_different_images_with_the_same_placeholders_never_share(page_size: int) -> None:
     memory = make_memory(page_size=page_size, num_pages=256 // page_size + 4)
-    memory.sessions.open('r1', _prefix_key(), now=0.0)
-    memory.sessions.open('r2', _prefix_key(), now=0.0)
+    memory.sessions.open('r1', _prefix_key(), now_ns=0)
+    memory.sessions.open('r2', _prefix_key(), now_ns=0)
     first = _step(memory, 'r1', 'a', image_hash=0x1111)
     prefill(memory, first)
     memory.release(first, insert=True)
@@ -84,7 +84,7 @@ def test_the_same_image_does_share_its_pages_when_steps_are_inserted(page_size: 
     memory = make_memory(
         page_size=page_size, num_pages=256 // page_size + 4, session_step_kv='insert'
     )
-    memory.sessions.open('r1', _prefix_key(), now=0.0)
+    memory.sessions.open('r1', _prefix_key(), now_ns=0)
     first = _step(memory, 'r1', 'a', image_hash=0x1111)
     prefill(memory, first)
     memory.release(first, insert=True)
@@ -98,9 +98,9 @@ def test_the_same_image_does_share_its_pages_when_steps_are_inserted(page_size: 
 
 def test_another_embodiment_namespace_shares_nothing() -> None:
     memory = make_memory(num_pages=256)
-    memory.sessions.open('widowx', _prefix_key('widowx'), now=0.0)
+    memory.sessions.open('widowx', _prefix_key('widowx'), now_ns=0)
     step = ReqKV('a', RadixKey(build_key_tokens(_prompt(), [Image(1)]), 'widowx'))
-    memory.sessions.begin_step('widowx', step, now=0.0)
+    memory.sessions.begin_step('widowx', step, now_ns=0)
     prefill(memory, step)
     other = ReqKV('b', RadixKey(build_key_tokens(_prompt(), [Image(1)]), 'franka'))
     assert memory.match_prefix(other).device_indices.numel() == 0

@@ -36,6 +36,7 @@ def make_scheduler(
     num_req_slots: int = 8,
     max_context_len: int = 256,
     session_step_kv: str = 'free',
+    session_idle_timeout_s: float = 30.0,
     cost_model: CostModel | None = None,
     **config: object,
 ) -> Scheduler:
@@ -47,6 +48,7 @@ def make_scheduler(
             num_req_slots=num_req_slots,
             max_context_len=max_context_len,
             session_step_kv=session_step_kv,
+            session_idle_timeout_s=session_idle_timeout_s,
         )
     )
     clock = SimClock()

@@ -106,7 +106,7 @@ def test_random_workloads_keep_every_invariant(data: st.DataObject) -> None:
     sched = make_scheduler(max_context_len=64, **config)
     prefix = RadixKey(torch.tensor(PREFIXES[0], dtype=torch.int64))
     for robot in SESSION_ROBOTS:
-        sched.memory.sessions.open(robot, prefix, now=0.0)
+        sched.open_or_update_session(robot, prefix)
     ended: dict[str, object] = {}
     reqs = {}
     for it in range(300):

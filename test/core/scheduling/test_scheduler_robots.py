@@ -120,7 +120,7 @@ def test_deliver_late_finishes_the_step_marked_late_and_counts_it_once() -> None
 def test_the_next_step_of_a_session_reuses_the_cached_prefix() -> None:
     sched = make_scheduler(page_size=2)
     prefix = RadixKey(torch.tensor(PREFIX, dtype=torch.int64))
-    sched.memory.sessions.open('r1', prefix, now=0.0)
+    sched.open_or_update_session('r1', prefix)
     first, second = _step('r1', 1, session=True), _step('r1', 2, session=True)
     sched.add_request(first)
     run_until_idle(sched)
@@ -128,7 +128,7 @@ def test_the_next_step_of_a_session_reuses_the_cached_prefix() -> None:
     run_until_idle(sched)
     assert (first.num_cached_tokens, second.num_cached_tokens) == (0, len(PREFIX))
     assert sched.metrics.robot('r1').num_cached_tokens == len(PREFIX)
-    assert sched.memory.sessions.get('r1').locked_len == len(PREFIX)
+    assert [(s.robot_id, s.locked_len) for s in sched.sessions()] == [('r1', len(PREFIX))]
     assert second.output_ids == expected_outputs(second)
 
 
@@ -136,7 +136,7 @@ def test_an_unknown_or_mismatched_session_aborts_only_that_step() -> None:
     sched = make_scheduler()
     unknown = sched.add_request(_step('r9', 1, session=True))
     assert unknown.abort is AbortReason.UNKNOWN_SESSION
-    sched.memory.sessions.open('r1', RadixKey(torch.tensor([1, 2, 3])), now=0.0)
+    sched.open_or_update_session('r1', RadixKey(torch.tensor([1, 2, 3])))
     mismatch = sched.add_request(_step('r1', 1, session=True))
     assert mismatch.abort is AbortReason.SESSION_MISMATCH
     assert "request 'r1-1'" in mismatch.message
@@ -147,14 +147,14 @@ def test_an_unknown_or_mismatched_session_aborts_only_that_step() -> None:
 
 def test_closing_a_session_aborts_its_steps_in_flight() -> None:
     sched = make_scheduler()
-    sched.memory.sessions.open('r1', RadixKey(torch.tensor(PREFIX)), now=0.0)
+    sched.open_or_update_session('r1', RadixKey(torch.tensor(PREFIX)))
     running = _step('r1', 1, session=True, max_new=8)
     sched.add_request(running)
     sched.run_once()
     assert sched.close_session('r1') == ['r1-1']
     done = run_until_idle(sched)
     assert _reasons(done) == {'r1-1': 'session_closed'}
-    assert 'r1' not in sched.memory.sessions
+    assert sched.sessions() == []
 
 
 def test_client_aborts_end_waiting_running_and_chunked_requests() -> None:

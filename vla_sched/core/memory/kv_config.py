@@ -21,8 +21,9 @@ class KVMemoryConfig:
         session_step_kv: what a finished session step does with its own KV beyond the
             session prefix: ``'free'`` (never enters the tree, the default: a frame's image
             KV is not reused) or ``'insert'`` (inserted like any finished request).
-        session_idle_timeout_s: a session with no step for this long is closed by
-            ``SessionManager.reap_idle``; ``0`` disables the timeout.
+        session_idle_timeout_s: a session with no step in flight for this long is closed
+            by ``SessionManager.reap_idle`` (the scheduler reaps in its loop); ``0``
+            disables the timeout.
     """
 
     num_pages: int

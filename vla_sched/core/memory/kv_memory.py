@@ -52,7 +52,7 @@ class KVMemory:
         self.sessions = SessionManager(
             self.tree,
             step_kv=config.session_step_kv,
-            idle_timeout_s=config.session_idle_timeout_s,
+            idle_timeout_ns=round(config.session_idle_timeout_s * 1e9),
         )
         self._reqs: dict[str, ReqKV] = {}
 
@@ -184,17 +184,17 @@ class KVMemory:
             self._insert_and_adopt(req, key_len)
         req.prefix_indices = self.req_to_token_pool.read(req.req_pool_idx, 0, req.kv_committed_len)
 
-    def release(self, req: ReqKV, *, insert: bool, now: float | None = None) -> None:
+    def release(self, req: ReqKV, *, insert: bool, now_ns: int | None = None) -> None:
         """Free a request's memory at its end: finish (``insert=True``) or abort (False).
 
         With ``insert`` the committed KV (page-aligned, up to ``max_cache_len``) enters
         the tree; everything else the request owns is freed; its lock and row are
-        released and its memory state reset. Its session step ends (``now`` updates the
+        released and its memory state reset. Its session step ends (``now_ns`` updates the
         session's idle clock). Insert only KV the model has written: a request aborted
         before its last allocated chunk ran must be released with ``insert=False``.
         """
         self._release(req, insert=insert)
-        self.sessions.end_step(req, now=now)
+        self.sessions.end_step(req, now_ns=now_ns)
 
     def retract(self, req: ReqKV) -> None:
         """Free a request's memory without inserting it; it goes back to waiting.

@@ -12,7 +12,8 @@ A step's own KV (image, state, suffix, actions) is freed when the step finishes
 any finished request (``step_kv='insert'``). A new instruction swaps the prefix: the old
 one is unlocked and becomes evictable. Closing a session, or its idle timeout, unlocks
 the prefix; steps still in flight are returned to the caller, which aborts them through
-the normal release path. Clocks are passed in (``now``, seconds), never read here.
+the normal release path. Times are the caller's clock in integer nanoseconds (``now_ns``),
+passed in, never read here.
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ class Session:
         locked_node: node the session holds one lock on (the root when none of the
             prefix is cached yet).
         locked_len: tokens of the prefix covered by ``locked_node``.
-        last_active: clock of the last step start or end (seconds).
+        last_active_ns: the caller's clock at the session's last open, prefix change,
+            step start or step end (integer nanoseconds).
         active_rids: ids of the session's steps that have begun and not been released.
     """
 
@@ -47,7 +49,7 @@ class Session:
     instruction_version: int
     locked_node: TreeNode
     locked_len: int
-    last_active: float
+    last_active_ns: int
     active_rids: set[str] = field(default_factory=set)
 
 
@@ -57,17 +59,19 @@ class SessionManager:
     Args:
         tree: the radix cache the prefixes live in.
         step_kv: ``'free'`` or ``'insert'``, see the module docstring.
-        idle_timeout_s: ``reap_idle`` closes sessions idle this long; 0 disables it.
+        idle_timeout_ns: ``reap_idle`` closes sessions idle this long; 0 disables it.
     """
 
     def __init__(
-        self, tree: RadixCache, *, step_kv: str = 'free', idle_timeout_s: float = 30.0
+        self, tree: RadixCache, *, step_kv: str = 'free', idle_timeout_ns: int = 30 * 10**9
     ) -> None:
         if step_kv not in SESSION_STEP_KV_CHOICES:
             raise ValueError(f'step_kv must be one of {SESSION_STEP_KV_CHOICES}, got {step_kv!r}')
+        if idle_timeout_ns < 0:
+            raise ValueError(f'idle_timeout_ns must be >= 0, got {idle_timeout_ns}')
         self.tree = tree
         self.step_kv = step_kv
-        self.idle_timeout_s = idle_timeout_s
+        self.idle_timeout_ns = idle_timeout_ns
         self._sessions: dict[str, Session] = {}
 
     def __contains__(self, robot_id: str) -> bool:
@@ -91,7 +95,7 @@ class SessionManager:
         return list(self._sessions.values())
 
     def open(
-        self, robot_id: str, prefix: RadixKey, *, now: float, instruction_version: int = 0
+        self, robot_id: str, prefix: RadixKey, *, now_ns: int, instruction_version: int = 0
     ) -> Session:
         """Open a session and lock whatever part of ``prefix`` is already cached.
 
@@ -100,7 +104,7 @@ class SessionManager:
         """
         if robot_id in self._sessions:
             raise SessionError(f'robot {robot_id!r} already has an open session')
-        session = Session(robot_id, prefix, instruction_version, self.tree.root, 0, now)
+        session = Session(robot_id, prefix, instruction_version, self.tree.root, 0, now_ns)
         self._sessions[robot_id] = session
         self.refresh(robot_id)
         return session
@@ -125,7 +129,7 @@ class SessionManager:
         robot_id: str,
         prefix: RadixKey,
         *,
-        now: float,
+        now_ns: int,
         instruction_version: int | None = None,
     ) -> None:
         """Swap the session prefix (a new instruction); the old one becomes evictable.
@@ -137,10 +141,10 @@ class SessionManager:
         if instruction_version is None:
             instruction_version = session.instruction_version + 1
         session.instruction_version = instruction_version
-        session.last_active = now
+        session.last_active_ns = now_ns
         self.refresh(robot_id)
 
-    def begin_step(self, robot_id: str, req: ReqKV, *, now: float) -> None:
+    def begin_step(self, robot_id: str, req: ReqKV, *, now_ns: int) -> None:
         """Bind a step's request to the session, before its ``match_prefix``.
 
         Raises:
@@ -163,17 +167,17 @@ class SessionManager:
         if self.step_kv == 'free':
             req.max_cache_len = len(session.prefix)
         session.active_rids.add(req.rid)
-        session.last_active = now
+        session.last_active_ns = now_ns
         self.refresh(robot_id)
 
-    def end_step(self, req: ReqKV, *, now: float | None = None) -> None:
+    def end_step(self, req: ReqKV, *, now_ns: int | None = None) -> None:
         """Forget a released step (no-op if its session was closed meanwhile)."""
         session = self._sessions.get(req.session_id) if req.session_id is not None else None
         if session is None or req.rid not in session.active_rids:
             return
         session.active_rids.discard(req.rid)
-        if now is not None:
-            session.last_active = max(session.last_active, now)
+        if now_ns is not None:
+            session.last_active_ns = max(session.last_active_ns, now_ns)
 
     def close(self, robot_id: str) -> tuple[str, ...]:
         """Close the session and unlock its prefix.
@@ -186,20 +190,22 @@ class SessionManager:
         del self._sessions[robot_id]
         return tuple(sorted(session.active_rids))
 
-    def reap_idle(self, *, now: float) -> dict[str, tuple[str, ...]]:
-        """Close sessions with no step in flight, idle for ``idle_timeout_s`` or more.
+    def reap_idle(self, *, now_ns: int) -> list[str]:
+        """Close sessions with no step in flight, idle for ``idle_timeout_ns`` or more.
 
         Returns:
-            Closed robot ids, each with its in-flight step ids (always empty here).
+            The robot ids whose sessions were closed (none had a step to abort).
         """
-        if self.idle_timeout_s <= 0:
+        if self.idle_timeout_ns <= 0:
             return {}
         idle = [
             s.robot_id
             for s in self._sessions.values()
-            if not s.active_rids and now - s.last_active >= self.idle_timeout_s
+            if not s.active_rids and now_ns - s.last_active_ns >= self.idle_timeout_ns
         ]
-        return {robot_id: self.close(robot_id) for robot_id in idle}
+        for robot_id in idle:
+            self.close(robot_id)
+        return idle
 
     def _unlock(self, session: Session) -> None:
         if session.locked_node is not self.tree.root:

@@ -121,7 +121,7 @@ def begin_session_step(memory: KVMemory, req: Req, now_ns: int) -> FinishReason 
             f'{req.describe()} names session {req.session_id!r}, which is not open',
         )
     try:
-        memory.sessions.begin_step(req.session_id, req.kv, now=now_ns / 1e9)
+        memory.sessions.begin_step(req.session_id, req.kv, now_ns=now_ns)
     except SessionError as exc:
         return FinishReason.aborted(AbortReason.SESSION_MISMATCH, f'{req.describe()}: {exc}')
     return None

@@ -5,7 +5,7 @@ Containers: ``waiting_queue`` (not admitted: new, retracted, preempted), ``runni
 (the batch launched last iteration; a prefill batch joins ``running_batch`` at the start
 of the next step). ``get_next_batch_to_run`` runs, in SGLang's order:
 
-1. the pending abort of the chunked request; timeouts and deadlines;
+1. idle sessions close; the pending abort of the chunked request; timeouts and deadlines;
 2. the chunked request's computed prefix enters the tree; the last prefill batch (minus
    finished and chunked rows) merges into the running batch;
 3. a new prefill batch (``prefill_pass``: chunked request first, then the sorted queue
@@ -16,9 +16,12 @@ of the next step). ``get_next_batch_to_run`` runs, in SGLang's order:
 4. else a decode step of the running batch (``decode_pass``: the decode memory check and
    retract).
 
-A caller (the engine core) uses: ``add_request``, ``abort``, ``close_session``,
-``run_once`` (one loop iteration; returns the requests that ended), ``has_work``,
-``metrics``, ``check_integrity``.
+A caller (the engine core) uses: ``open_or_update_session`` and ``close_session`` (the
+robot sessions, on the scheduler's clock), ``add_request``, ``abort``, ``run_once`` (one
+loop iteration; returns the requests that ended), ``has_work``, ``metrics``,
+``check_integrity``. Sessions idle past the memory's ``session_idle_timeout_s`` (no step
+in flight) are closed at the start of each iteration, so a robot that went away stops
+holding its prefix locked; its next step opens the session again.
 
 Differences from SGLang, on purpose (robot rules are in ``robot_rules``):
     * Requests refused at intake (validation, unknown session, queue full, stale step)
@@ -38,6 +41,8 @@ from collections.abc import Callable
 
 from vla_sched.core.forward_batch import BatchRunner
 from vla_sched.core.memory.kv_memory import KVMemory
+from vla_sched.core.memory.radix_key import RadixKey
+from vla_sched.core.memory.sessions import Session
 from vla_sched.core.scheduling.batch_results import ResultProcessor
 from vla_sched.core.scheduling.decode_pass import update_running_batch
 from vla_sched.core.scheduling.expiry import expire_requests
@@ -157,8 +162,27 @@ class Scheduler:
         self.abort_req(req, FinishReason.aborted(AbortReason.CLIENT, text))
         return True
 
+    def open_or_update_session(
+        self, robot_id: str, prefix: RadixKey, *, instruction_version: int = 0
+    ) -> None:
+        """Open the robot's session on ``prefix``, or swap the open session's prefix when
+        ``instruction_version`` differs from the one it was built from (same version:
+        nothing changes). The robot's steps (``Req.session_id``) must extend the prefix."""
+        sessions, now = self.memory.sessions, self.clock()
+        if robot_id not in sessions:
+            sessions.open(robot_id, prefix, now_ns=now, instruction_version=instruction_version)
+        elif sessions.get(robot_id).instruction_version != instruction_version:
+            sessions.change_prefix(
+                robot_id, prefix, now_ns=now, instruction_version=instruction_version
+            )
+
+    def sessions(self) -> list[Session]:
+        """The open sessions (to read: change them through this scheduler's methods)."""
+        return self.memory.sessions.sessions()
+
     def close_session(self, robot_id: str) -> list[str]:
-        """Close the robot's session; its steps in flight are aborted. Returns their ids."""
+        """Close the robot's session; its steps in flight are aborted. Returns their ids
+        (none when the robot has no open session)."""
         if robot_id not in self.memory.sessions:
             return []
         rids = self.memory.sessions.close(robot_id)
@@ -168,10 +192,6 @@ class Scheduler:
                 text = f'{req.describe()}: the session of robot {robot_id!r} was closed'
                 self.abort_req(req, FinishReason.aborted(AbortReason.SESSION_CLOSED, text))
         return list(rids)
-
-    def reap_idle_sessions(self) -> list[str]:
-        """Close sessions idle past the memory's timeout; returns their robot ids."""
-        return list(self.memory.sessions.reap_idle(now=self.clock() / 1e9))
 
     def run_once(self) -> list[Req]:
         """One iteration of the configured loop; returns the requests that ended in it
@@ -206,6 +226,7 @@ class Scheduler:
     def get_next_batch_to_run(self) -> ScheduleBatch | None:
         """The batch of this step (prefill first, else decode), or None when idle."""
         now = self.clock()
+        self.memory.sessions.reap_idle(now_ns=now)
         self._process_pending_chunked_abort()
         expire_requests(self, now)
         self._merge_last_prefill()
@@ -341,9 +362,9 @@ class Scheduler:
         reason = req.finished_reason
         req.times.finished_ns = now
         if req.kv.holds_memory:
-            self.memory.release(req.kv, insert=insert, now=now / 1e9)
+            self.memory.release(req.kv, insert=insert, now_ns=now)
         else:
-            self.memory.sessions.end_step(req.kv, now=now / 1e9)
+            self.memory.sessions.end_step(req.kv, now_ns=now)
         if req is self.chunked_req:
             self.chunked_req = None
         self.robots.stop(req)
