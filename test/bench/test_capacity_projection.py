@@ -1,30 +1,26 @@
-"""The H200 capacity projection (bench/capacity_projection.py) in tiny runs: its cost model's
-calibrations, its bounds, the robots' rules on the simulated servers, the report."""
+"""The H200 cost model (bench.lib.cost_model: the floor, the calibrations, the bounds) and
+the capacity projection (bench.capacity_projection) in tiny runs: the robots' rules on the
+simulated servers, the report."""
 
 from __future__ import annotations
 
 import dataclasses
 import importlib
 import json
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[2]
+from bench.lib import cost_model
 
 
 def _bench(name: str):
-    """Import ``bench.<name>`` with the repository root on the path (as the scripts do)."""
-    if str(ROOT) not in sys.path:
-        sys.path.insert(0, str(ROOT))
     return importlib.import_module(f'bench.{name}')
 
 
 @pytest.fixture(scope='module')
 def shape():
-    return _bench('openvla_h200_cost').openvla_7b_shape()
+    return cost_model.openvla_7b_shape()
 
 
 @pytest.fixture(autouse=True, scope='module')
@@ -37,9 +33,8 @@ def single_torch_thread():
 
 
 def test_the_hardware_bound_calibration_gives_the_floor_of_one_robot(shape):
-    cost_module = _bench('openvla_h200_cost')
-    hw = cost_module.H200Measurements()
-    cost = cost_module.hardware_bound_cost(shape, hw)
+    hw = cost_model.H200Measurements()
+    cost = cost_model.hardware_bound_cost(shape, hw)
     assert shape.prompt_len == 280 and shape.num_action_tokens == 7
     assert 4.0e12 < shape.step_flops < 4.4e12
     assert cost.prefill_ns(280, 1) / 1e6 == pytest.approx(hw.floor_prefill_ms, rel=0.01)
@@ -47,28 +42,54 @@ def test_the_hardware_bound_calibration_gives_the_floor_of_one_robot(shape):
     assert hw.floor_decode_ms < decode_ms < 1.02 * hw.floor_decode_ms
 
 
+def test_the_floor_of_the_7b_shape_at_run_as_rates_is_the_floor_run_a_measured(shape):
+    hw = cost_model.H200_RUN_A
+    floor = cost_model.step_floor(shape, hw)
+    assert floor.prefill_ms == pytest.approx(hw.floor_prefill_ms, rel=0.01)
+    assert floor.decode_ms == pytest.approx(hw.floor_decode_ms, rel=0.01)
+    assert floor.step_ms == pytest.approx(hw.floor_step_ms, rel=0.01)
+    assert floor.step_ms == pytest.approx(floor.prefill_ms + 6 * floor.decode_ms)
+
+
+def test_a_slow_copy_makes_the_prefill_floor_the_weights_not_the_flops(shape):
+    slow = cost_model.step_floor(
+        shape, dataclasses.replace(cost_model.H200_RUN_A, copy_gb_per_s=1.0)
+    )
+    weight_bytes = (shape.decoder_params + shape.vision_params) * shape.bytes_per_param
+    assert slow.prefill_ms == pytest.approx(weight_bytes / 1e9 * 1e3)
+
+
+def test_a_checkpoint_folder_has_the_shape_of_its_config(tmp_path):
+    from bench.lib.checkpoints import openvla_folder_once
+
+    folder, reused = openvla_folder_once(tmp_path, tiny=True, device='cpu', dtype=torch.float32)
+    assert not reused
+    assert openvla_folder_once(tmp_path, tiny=True, device='cpu', dtype=torch.float32)[1]
+    tiny = cost_model.checkpoint_shape(folder, bytes_per_param=4)
+    assert (tiny.num_image_tokens, tiny.num_action_tokens, tiny.prompt_len) == (256, 7, 280)
+    assert 0 < tiny.decoder_params < 7e9 / 100 and tiny.kv_bytes_per_token % 4 == 0
+
+
 def test_the_measured_calibrations_reproduce_the_runners_times_on_the_h200(shape):
-    cost_module = _bench('openvla_h200_cost')
-    for hw in (cost_module.H200_RUN_A, cost_module.H200_RUN_B):
-        cost = cost_module.measured_cost(shape, hw)
+    for hw in (cost_model.H200_RUN_A, cost_model.H200_RUN_B):
+        cost = cost_model.measured_cost(shape, hw)
         for robots, ms in hw.runner_prefill_ms:
             assert cost.prefill_ns(robots * 280, robots) / 1e6 == pytest.approx(ms, rel=1e-6)
         for robots, ms in hw.runner_decode_ms:
             assert cost.decode_ns(robots, robots * 283) / 1e6 == pytest.approx(ms, rel=1e-6)
         assert 0 < cost.compute_utilization <= 1 and 0 < cost.kv_bandwidth_utilization <= 1
-    hw = cost_module.H200_RUN_A
+    hw = cost_model.H200_RUN_A
     too_fast = dataclasses.replace(hw, runner_prefill_ms=((1, 1.0), (16, 2.0)))
     with pytest.raises(ValueError, match='the fit gives'):
-        cost_module.measured_cost(shape, too_fast)
+        cost_model.measured_cost(shape, too_fast)
 
 
 def test_the_pass_bound_lies_below_the_flop_ceiling_and_fills_the_period(shape):
-    cost_module = _bench('openvla_h200_cost')
-    for name in cost_module.CALIBRATIONS:
-        cost = cost_module.calibrated_cost(name, shape)
-        bounds = cost_module.physical_bounds(cost, shape, 0.1)
+    for name in cost_model.CALIBRATIONS:
+        cost = cost_model.calibrated_cost(name, shape)
+        bounds = cost_model.physical_bounds(cost, shape, 0.1)
         assert 0 < bounds.pass_bound < bounds.flop_ceiling < bounds.bandwidth_ceiling
-        assert cost_module.period_pass_ns(cost, shape, bounds.pass_bound) == pytest.approx(
+        assert cost_model.period_pass_ns(cost, shape, bounds.pass_bound) == pytest.approx(
             1e8, rel=1e-6
         )
         assert bounds.one_at_a_time_bound < bounds.pass_bound
@@ -76,9 +97,8 @@ def test_the_pass_bound_lies_below_the_flop_ceiling_and_fills_the_period(shape):
 
 def test_robots_wait_for_their_step_in_flight_and_are_judged_on_the_windows_images(shape):
     servers = _bench('sim_robot_servers')
-    cost_module = _bench('openvla_h200_cost')
-    cost = cost_module.hardware_bound_cost(shape, cost_module.H200Measurements())
-    step_ms = cost_module.one_at_a_time_step_ns(cost, shape) / 1e6
+    cost = cost_model.hardware_bound_cost(shape, cost_model.H200Measurements())
+    step_ms = cost_model.one_at_a_time_step_ns(cost, shape) / 1e6
     timing = servers.FleetTiming(warmup_s=0.2, duration_s=1.0)
     one = servers.serve_robots(servers.OneAtATimeServer(cost, shape), 1, timing)
     assert one.rate_share == 1.0 and one.on_time_share == 1.0
@@ -91,7 +111,7 @@ def test_robots_wait_for_their_step_in_flight_and_are_judged_on_the_windows_imag
 
 def test_the_projection_uses_the_scheduler_settings_the_engine_derives():
     from vla_sched.engine.config import EngineConfig
-    from vla_sched.engine.scheduled_core import ScheduledCore
+    from vla_sched.engine.scheduled_core import ScheduledCore, scheduler_config_for
 
     servers = _bench('sim_robot_servers')
     config = EngineConfig(
@@ -105,7 +125,7 @@ def test_the_projection_uses_the_scheduler_settings_the_engine_derives():
     assert servers.engine_scheduler_config(config, 'cpu') == core.scheduler.config
     for device in ('cpu', 'cuda'):
         ours = servers.engine_scheduler_config(config, device)
-        assert ours == core._scheduler_config(device)
+        assert ours == scheduler_config_for(config, device)
     assert servers.engine_scheduler_config(EngineConfig(), 'cpu') != core.scheduler.config
 
 
@@ -140,7 +160,7 @@ def test_the_projection_on_a_slow_device_stops_at_its_bound(shape):
     projection = _bench('capacity_projection')
     # 120 TFLOP/s: the bounds fall to a few robots, so the search meets them; the window
     # is long enough for a backlog of a few percent to cost images
-    hw = dataclasses.replace(_bench('openvla_h200_cost').H200Measurements(), matmul_tflops=120.0)
+    hw = dataclasses.replace(cost_model.H200Measurements(), matmul_tflops=120.0)
     criteria = _bench('capacity').CapacityCriteria()
     p = projection.project(
         'hardware bound', _tiny_plan(projection, duration_s=3.0), shape=shape,

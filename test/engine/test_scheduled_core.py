@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import numpy as np
 import pytest
 
+from vla_sched.core.forward_batch import ForwardMode
 from vla_sched.engine.config import EngineConfig
-from vla_sched.engine.scheduled_core import ScheduledCore
+from vla_sched.engine.scheduled_core import ScheduledCore, scheduler_config_for
 from vla_sched.ipc.messages import FailureReason, StepFailure, StepRequest, StepResult
 
 pytestmark = pytest.mark.slow
@@ -201,5 +203,33 @@ def test_no_burst_runs_while_a_step_waits_for_its_prefill():
         assert last.forward_batch.num_decode_steps == 1
         outs = _drain(core)
         assert sorted(o.robot_id for o in outs if isinstance(o, StepResult)) == ['w1', 'w2']
+    finally:
+        core.close()
+
+
+def test_a_given_scheduler_config_and_runner_wrapper_replace_the_derived_ones():
+    config = EngineConfig(kv_pool_tokens=1024, page_size=16, chunked_prefill_size=64)
+    derived = scheduler_config_for(config, 'cpu')
+    chosen = dataclasses.replace(derived, num_continuous_decode_steps=1, enable_overlap=False)
+    launches: list[ForwardMode] = []
+
+    class Recorded:
+        def __init__(self, runner):
+            self.runner = runner
+
+        def launch(self, batch):
+            launches.append(batch.forward_mode)
+            return self.runner.launch(batch)
+
+    core = ScheduledCore.from_config(config, scheduler_config=chosen, wrap_runner=Recorded)
+    try:
+        assert core.scheduler.config is chosen
+        assert isinstance(core.scheduler.runner, Recorded)
+        assert core.submit(_request('w', 1), time.time_ns()) == []
+        (out,) = _drain(core)
+        assert isinstance(out, StepResult)
+        assert launches[0] is ForwardMode.EXTEND
+        num_tokens = core.info.action_horizon * core.info.action_dim
+        assert launches.count(ForwardMode.DECODE) == num_tokens - 1
     finally:
         core.close()

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
+from vla_sched.core.forward_batch import BatchRunner
 from vla_sched.core.memory.kv_config import KVMemoryConfig
 from vla_sched.core.memory.kv_memory import KVMemory
 from vla_sched.core.memory.pages import round_down_to_page, round_up_to_page
@@ -56,9 +58,28 @@ PROMPT_MARGIN_TOKENS = 64  # template text around the instruction, in tokens
 
 
 class ScheduledCore:
-    """Serves every robot's steps through one ``Scheduler`` (see the module docstring)."""
+    """Serves every robot's steps through one ``Scheduler`` (see the module docstring).
 
-    def __init__(self, config: EngineConfig, *, folder: Path, random_weights: bool) -> None:
+    Args:
+        config: the engine's settings.
+        folder: the checkpoint folder.
+        random_weights: whether the checkpoint is the built-in random one (reported in
+            ``info``).
+        scheduler_config: the scheduler's settings; default: what the engine derives from
+            ``config`` on its device (``scheduler_config_for``).
+        wrap_runner: replaces the model runner the scheduler launches steps on by what it
+            returns for it (a benchmark records or paces the launches).
+    """
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        *,
+        folder: Path,
+        random_weights: bool,
+        scheduler_config: SchedulerConfig | None = None,
+        wrap_runner: Callable[[BatchRunner], BatchRunner] | None = None,
+    ) -> None:
         from vla_sched.model.loading.checkpoint import load_checkpoint
         from vla_sched.model.runner.model_runner import ModelRunner, RunnerConfig
 
@@ -82,13 +103,16 @@ class ScheduledCore:
                 session_idle_timeout_s=config.session_idle_timeout_s,
             )
         )
-        runner = ModelRunner(
+        runner: BatchRunner = ModelRunner(
             model,
             req_to_token=self.memory.req_to_token_pool.req_to_token,
             num_kv_slots=(self.memory.allocator.num_pages + 1) * page_size,
             config=RunnerConfig(cuda_graphs=config.cuda_graphs and device.type == 'cuda'),
         )
-        scheduler_config = self._scheduler_config(device.type)
+        if wrap_runner is not None:
+            runner = wrap_runner(runner)
+        if scheduler_config is None:
+            scheduler_config = scheduler_config_for(config, device.type)
         self.scheduler = Scheduler(scheduler_config, self.memory, runner,
                                    clock=time.time_ns)  # fmt: skip
         self._info = engine_info(
@@ -99,10 +123,24 @@ class ScheduledCore:
         )
 
     @classmethod
-    def from_config(cls, config: EngineConfig) -> ScheduledCore:
+    def from_config(
+        cls,
+        config: EngineConfig,
+        *,
+        scheduler_config: SchedulerConfig | None = None,
+        wrap_runner: Callable[[BatchRunner], BatchRunner] | None = None,
+    ) -> ScheduledCore:
+        """The core of ``config.model_path`` (checked first; empty: the built-in tiny
+        checkpoint); the keywords as for the constructor."""
         check_model_path(config)
         folder, random_weights = resolve_checkpoint(config.model_path)
-        return cls(config, folder=folder, random_weights=random_weights)
+        return cls(
+            config,
+            folder=folder,
+            random_weights=random_weights,
+            scheduler_config=scheduler_config,
+            wrap_runner=wrap_runner,
+        )
 
     def _max_context_len(self) -> int:
         """Longest prompt (instruction bytes bound its tokens) plus the action tokens."""
@@ -111,9 +149,6 @@ class ScheduledCore:
             + self.spec.num_image_tokens + self.spec.num_action_tokens + 64
         )  # fmt: skip
         return round_up_to_page(num, self.config.page_size)
-
-    def _scheduler_config(self, device_type: str) -> SchedulerConfig:
-        return scheduler_config_for(self.config, device_type)
 
     @property
     def info(self) -> EngineInfo:
