@@ -1,40 +1,40 @@
-"""Multi-robot control loop through real ROS topics: vla_sched against today's baseline.
+"""Multi-robot control loop through real ROS topics: the node's scheduled core against the
+same node with one step at a time.
 
-N simulated robots (``bench/robot_fleet.py``) publish a camera image and a joint state
+N simulated robots (``bench/lib/ros_fleet.py``) publish a camera image and a joint state
 every ``--period`` seconds and ask for a control step per image (the node's ``on_image``
 trigger: a step per new image, at most one in flight per robot, the newest image waiting
 while one is; ``--trigger periodic --camera-rate R`` steps once per period instead). They
-are served
-first by the vla_sched node (``python -m vla_sched.ros.node``, engine in its own process,
-scheduled core), then by ``bench/baseline_node.py`` (one request at a time through
-transformers ``generate``), on the same checkpoint, with the same deadline budget. Each
-server is started once for the largest N (robots beyond the current N stay silent); for
-each N the robots run ``--warmup`` seconds, then ``--windows`` windows of ``--duration``
-seconds are measured from the robots' side:
+are served by the vla_sched node (``python -m vla_sched.ros.node``, engine in its own
+process) with each engine core in turn (``--systems``): ``scheduled`` (the scheduler,
+paged KV, batching) and ``sequential`` (one step at a time through transformers
+``generate``: what single-robot VLA servers do), on the same checkpoint, with the same
+parameters and deadline budget. Each server is started once for the largest N (robots
+beyond the current N stay silent); for each N the robots run ``--warmup`` seconds, then
+``--windows`` windows of ``--duration`` seconds are measured from the robots' side:
 
 - actions/s delivered (chunks x horizon; the target is N x horizon / period),
 - chunk latency p50/p99 (chunk arrival minus the image stamp, over every chunk),
 - deadline-miss rate (late chunks and deadline refusals over the steps that ended),
-- retracts (vla_sched's /diagnostics ``retracts total`` over the window; 0 for the
-  baseline, which never retracts).
+- retracts (/diagnostics ``retracts total`` over the window).
 
 The table reports, per N and system, the median window (and the min-max of actions/s), and
-the ratios vla_sched / baseline.
+the ratios scheduled / sequential.
 
-``--capacity`` finds each system's capacity instead (``bench/capacity.py``): the largest
-robot count served at >= 99% of the target action rate, with >= 99% of steps on time and a
-p99 latency <= 250 ms. For each system it steps the count up the ladder 1, 2, 4, 6, 8, 10,
-... (up to ``--max-robots``) until two counts in a row fail, then measures the counts it
-skipped between the largest pass and the next failure; every count gets a server of its
-own, configured for exactly that many robots, so each point is a deployment of N robots.
-One 12 s window after 3 s of warm-up per count (120 steps per robot at 10 Hz: one step cut
-by the window's edges costs a robot less than 1%). It prints and writes (``--json``,
+``--capacity`` finds each system's capacity instead (``bench/lib/capacity.py``): the largest
+robot count served with >= 99% of the target action rate and >= 99% of steps within their
+deadline. For each system it steps the count up the ladder 1, 2, 4, 6, 8, 10, ... (up to
+``--max-robots``) until two counts in a row fail, then measures the counts it skipped
+between the largest pass and the next failure; every count gets a server of its own,
+configured for exactly that many robots, so each point is a deployment of N robots. One
+12 s window after 3 s of warm-up per count (120 steps per robot at 10 Hz: one step cut by
+the window's edges costs a robot less than 1%). It prints and writes (``--json``,
 ``--markdown``) each system's capacity, its 1-robot p50/p99 and every measured count, with
 the load average of the machine.
 
-    python bench/control_loop.py                          # N = 1 2 4 8 16, ~6 min on 2 cores
-    python bench/control_loop.py --robots 8 --duration 20 --json out.json
-    python bench/control_loop.py --capacity --json capacity.json --markdown capacity.md
+    python -m bench.control_loop                          # N = 1 2 4 8 16, ~6 min on 2 cores
+    python -m bench.control_loop --robots 8 --duration 20 --json out.json
+    python -m bench.control_loop --capacity --json capacity.json --markdown capacity.md
 """
 
 from __future__ import annotations
@@ -52,21 +52,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault('HF_HUB_OFFLINE', '1')
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 import yaml
 
-from bench.baseline_node import READY_LINE
-from bench.capacity import (
-    CapacityCriteria,
-    CapacitySearch,
-    CapacityStep,
-    headline_table,
-    robot_ladder,
-    search_capacity,
-    steps_table,
-)
 from bench.control_loop_report import (
     SYSTEMS,
     TRIGGERS,
@@ -76,7 +63,16 @@ from bench.control_loop_report import (
     markdown_tables,
     summarize,
 )
-from bench.robot_fleet import FleetConfig, RobotFleet
+from bench.lib.capacity import (
+    CapacityCriteria,
+    CapacitySearch,
+    CapacityStep,
+    headline_table,
+    robot_ladder,
+    search_capacity,
+    steps_table,
+)
+from bench.lib.ros_fleet import FleetConfig, RobotFleet
 from vla_sched.engine.config import DEVICES
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -86,25 +82,16 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 class Server:
-    """A serving node in a child process, its log in ``folder``."""
+    """The vla_sched node with the ``system`` engine core, in a child process, its log in
+    ``folder``."""
 
     def __init__(self, system: str, plan: LoopPlan, folder: Path, env: dict[str, str]) -> None:
         self.system = system
         self.log_path = folder / f'{system}.log'
-        num_robots = max(plan.robot_counts)
-        if system == 'vla_sched':
-            params = folder / 'vla_sched_params.yaml'
-            params.write_text(yaml.safe_dump(node_params(plan, num_robots)))
-            cmd = [sys.executable, '-m', 'vla_sched.ros.node', '--ros-args']
-            cmd += ['--params-file', str(params)]
-        else:
-            cmd = [sys.executable, str(ROOT / 'bench' / 'baseline_node.py')]
-            cmd += ['--robots', str(num_robots), '--period', str(plan.period_s)]
-            cmd += ['--trigger', plan.trigger]
-            cmd += ['--budget', str(plan.budget_s), '--device', plan.device]
-            cmd += ['--model-path', plan.model_path]
-            # The same dataset as the vla_sched node (--unnorm-key sets this parameter).
-            cmd += ['--unnorm-key', str(plan.node_params.get('engine.unnorm_key', ''))]
+        params = folder / f'{system}_params.yaml'
+        params.write_text(yaml.safe_dump(node_params(plan, max(plan.robot_counts), system)))
+        cmd = [sys.executable, '-m', 'vla_sched.ros.node', '--ros-args']
+        cmd += ['--params-file', str(params)]
         with self.log_path.open('w') as log:
             self.proc = subprocess.Popen(
                 cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=str(ROOT)
@@ -132,13 +119,13 @@ class Server:
         stop(self.proc)
 
 
-def node_params(plan: LoopPlan, num_robots: int) -> dict[str, Any]:
-    """The vla_sched node's parameter file for this plan."""
+def node_params(plan: LoopPlan, num_robots: int, core: str = 'scheduled') -> dict[str, Any]:
+    """The node's parameter file for this plan, with the ``core`` engine core."""
     engine = {
         'mode': 'process',
         'model_path': plan.model_path,
         'device': plan.device,
-        'core': 'scheduled',
+        'core': core,
         'heartbeat_timeout_s': 5.0,
         'start_timeout_s': plan.start_timeout_s,
     }
@@ -163,53 +150,39 @@ def node_params(plan: LoopPlan, num_robots: int) -> dict[str, Any]:
 
 
 class Watch:
-    """/diagnostics of the vla_sched node (``vla_sched.ros.demo.DiagnosticsWatch``), or
-    nothing for the baseline; ``spin`` always lasts the given time."""
+    """The node's /diagnostics (``vla_sched.ros.demo.DiagnosticsWatch``); ``spin`` lasts the
+    given time."""
 
-    def __init__(self, enabled: bool) -> None:
-        self.inner = None
-        if enabled:
-            from vla_sched.ros.demo import DiagnosticsWatch
+    def __init__(self) -> None:
+        from vla_sched.ros.demo import DiagnosticsWatch
 
-            self.inner = DiagnosticsWatch()
+        self.inner = DiagnosticsWatch()
 
     def spin(self, seconds: float) -> None:
-        if self.inner is None:
-            time.sleep(seconds)
-        else:
-            self.inner.spin(seconds)
+        self.inner.spin(seconds)
 
     def retracts_total(self) -> int:
-        status = self.inner.scheduler() if self.inner is not None else None
+        status = self.inner.scheduler()
         if status is None:
             return 0
         return int(float(status[2].get('retracts total', 0) or 0))
 
     def close(self) -> None:
-        if self.inner is not None:
-            self.inner.close()
+        self.inner.close()
 
 
 def wait_ready(server: Server, watch: Watch, timeout_s: float) -> None:
-    """Until the server can serve; raises RuntimeError with its log tail otherwise."""
-    end = time.monotonic() + timeout_s
-    if watch.inner is not None:
-        from vla_sched.ros.demo import wait_until_ready
+    """Until the node's engine is ready; raises RuntimeError with its log tail otherwise."""
+    from vla_sched.ros.demo import wait_until_ready
 
-        if wait_until_ready(watch.inner, server.proc, timeout_s):
-            return
-    else:
-        while time.monotonic() < end and server.proc.poll() is None:
-            if READY_LINE in server.log():
-                return
-            time.sleep(0.2)
-    raise RuntimeError(f'{server.system} did not get ready:\n{server.log()[-3000:]}')
+    if not wait_until_ready(watch.inner, server.proc, timeout_s):
+        raise RuntimeError(f'{server.system} did not get ready:\n{server.log()[-3000:]}')
 
 
 def run_system(system: str, plan: LoopPlan, folder: Path, env: dict[str, str]) -> list[LoopPoint]:
     """Start one server, drive every robot count against it, stop it."""
     server = Server(system, plan, folder, env)
-    watch = Watch(enabled=system == 'vla_sched')
+    watch = Watch()
     points = []
     try:
         wait_ready(server, watch, plan.start_timeout_s)
@@ -249,7 +222,8 @@ def drive(system: str, num_robots: int, plan: LoopPlan, watch: Watch, server: Se
 
 
 def ros_env(folder: Path) -> dict[str, str]:
-    """Keep DDS on this host, in a domain of this run's own."""
+    """Keep DDS on this host, in a domain of this run's own; no Hugging Face hub calls."""
+    os.environ.setdefault('HF_HUB_OFFLINE', '1')
     os.environ.setdefault('ROS_AUTOMATIC_DISCOVERY_RANGE', 'LOCALHOST')
     os.environ.setdefault('ROS_DOMAIN_ID', str(os.getpid() % 100 + 1))
     os.environ.setdefault('ROS_LOG_DIR', str(folder / 'ros_log'))
@@ -311,7 +285,7 @@ def run_capacity(
 ) -> list[CapacitySearch]:
     """Each system's capacity: ``plan.robot_counts`` stepped up until ``max_failures_in_row``
     counts in a row fail, then (``refine``) the skipped counts above the largest pass up to
-    the first failure (``bench/capacity.py``)."""
+    the first failure (``bench/lib/capacity.py``)."""
     folder = Path(tempfile.mkdtemp(prefix='vla_capacity_'))
     env = ros_env(folder)
     load_start = os.getloadavg()
@@ -459,7 +433,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         nargs='*',
         default=[],
         metavar='NAME=VALUE',
-        help='vla_sched node parameters, e.g. scheduler.enable_overlap=false',
+        help='node parameters (both systems), e.g. scheduler.enable_overlap=false',
     )
     parser.add_argument('--json', default='', help='write the results here')
     return parser.parse_args(argv)

@@ -1,8 +1,11 @@
 """The control loop's plan, its per-point summary, and its tables (``bench/control_loop.py``).
 
-A ``LoopPoint`` is one system at one robot count, summarized over the measured windows;
-``markdown_tables`` prints both systems per robot count and the ratios vla_sched / baseline;
-``LoopPoint.capacity_measure`` is what the capacity criteria (``bench/capacity.py``) judge.
+The systems are the vla_sched node with each of the engine's cores (``engine.core``):
+``scheduled`` (scheduler, paged KV, batching) and ``sequential`` (one step at a time through
+transformers ``generate``, what single-robot VLA servers do). A ``LoopPoint`` is one system at
+one robot count, summarized over the measured windows; ``markdown_tables`` prints both systems
+per robot count and the ratios scheduled / sequential; ``LoopPoint.capacity_measure`` is what
+the capacity rule (``bench/lib/capacity.py``) judges.
 """
 
 from __future__ import annotations
@@ -13,17 +16,20 @@ import statistics
 from dataclasses import dataclass
 from typing import Any
 
-from bench.capacity import CapacityMeasure
-from bench.robot_fleet import STAGES, FleetWindow
+from bench.lib.capacity import CapacityMeasure
+from bench.lib.ros_fleet import STAGES, FleetWindow
+from bench.lib.tables import markdown_table
+from vla_sched.engine.config import CORES
 from vla_sched.ros.node_config import TRIGGERS
 
-SYSTEMS = ('vla_sched', 'baseline')
+SYSTEMS = CORES  # the node's engine.core
 
 
 @dataclass(frozen=True, slots=True)
 class LoopPlan:
-    """What to run: robot counts, rates, windows, checkpoint, and vla_sched node parameters
-    (``node_params``: dotted names, e.g. ``scheduler.enable_overlap``)."""
+    """What to run: robot counts, rates, windows, checkpoint, the systems (engine cores) and
+    node parameters for both (``node_params``: dotted names, e.g.
+    ``scheduler.enable_overlap``)."""
 
     robot_counts: tuple[int, ...] = (1, 2, 4, 8, 16)
     period_s: float = 0.1
@@ -160,38 +166,44 @@ def format_point(p: LoopPoint) -> str:
 
 
 def markdown_tables(points: list[LoopPoint]) -> str:
-    """Both systems per N, then the ratios vla_sched / baseline."""
-    lines = [
-        '| robots | system | actions/s (median, min-max) | target | latency p50 ms '
-        '| latency p99 ms | deadline misses | retracts | CPU % node / engine / robots |',
-        '|---|---|---|---|---|---|---|---|---|',
+    """Both systems per N, then the ratios scheduled / sequential."""
+    rows = [
+        [
+            p.num_robots,
+            p.system,
+            f'{statistics.median(p.actions_per_s):.1f} '
+            f'({min(p.actions_per_s):.1f}-{max(p.actions_per_s):.1f})',
+            f'{p.target_actions_per_s:.0f}',
+            f'{p.latency_ms_p50:.0f}',
+            f'{p.latency_ms_p99:.0f}',
+            f'{100 * p.miss_rate:.1f}%',
+            p.num_retracts,
+            _cpu_cell(p.cpu_percent),
+        ]
+        for p in sorted(points, key=lambda p: (p.num_robots, SYSTEMS.index(p.system)))
     ]
-    for p in sorted(points, key=lambda p: (p.num_robots, SYSTEMS.index(p.system))):
-        lines.append(
-            f'| {p.num_robots} | {p.system} | {statistics.median(p.actions_per_s):.1f} '
-            f'({min(p.actions_per_s):.1f}-{max(p.actions_per_s):.1f}) '
-            f'| {p.target_actions_per_s:.0f} | {p.latency_ms_p50:.0f} | {p.latency_ms_p99:.0f} '
-            f'| {100 * p.miss_rate:.1f}% | {p.num_retracts} | {_cpu_cell(p.cpu_percent)} |'
-        )
+    headers = ['robots', 'system', 'actions/s (median, min-max)', 'target', 'latency p50 ms']
+    headers += ['latency p99 ms', 'deadline misses', 'retracts', 'CPU % node / engine / robots']
+    out = markdown_table(headers, rows)
     by_key = {(p.system, p.num_robots): p for p in points}
-    ratio_lines = []
+    ratios = []
     for n in sorted({p.num_robots for p in points}):
-        ours, base = by_key.get(('vla_sched', n)), by_key.get(('baseline', n))
+        ours, base = by_key.get(('scheduled', n)), by_key.get(('sequential', n))
         if ours is None or base is None:
             continue
         speedup = statistics.median(ours.actions_per_s) / statistics.median(base.actions_per_s)
-        ratio_lines.append(
-            f'| {n} | {speedup:.2f}x | {ours.latency_ms_p99 / base.latency_ms_p99:.2f} '
-            f'| {ours.latency_ms_p50 / base.latency_ms_p50:.2f} |'
+        ratios.append(
+            [
+                n,
+                f'{speedup:.2f}x',
+                ours.latency_ms_p99 / base.latency_ms_p99,
+                ours.latency_ms_p50 / base.latency_ms_p50,
+            ]
         )
-    if ratio_lines:
-        lines += [
-            '',
-            '| robots | actions/s vla_sched / baseline | p99 latency ratio | p50 latency ratio |',
-            '|---|---|---|---|',
-            *ratio_lines,
-        ]
-    return '\n'.join(lines)
+    if ratios:
+        headers = ['robots', 'actions/s scheduled / sequential', 'p99 latency ratio']
+        out += '\n\n' + markdown_table([*headers, 'p50 latency ratio'], ratios)
+    return out
 
 
 def _cpu_cell(cpu: dict[str, float]) -> str:

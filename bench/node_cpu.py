@@ -4,7 +4,7 @@ Starts the node (``python -m vla_sched.ros.node``, engine in its own process, th
 checkpoint on the CPU unless ``--model-path`` is given) configured for ``--configured``
 robots, as ``bench/control_loop.py`` does, and waits until its engine is ready. Then, for
 each count in ``--active`` (0: engine up, no robot publishing), it runs that many simulated
-robots (``bench/robot_fleet.py``: a camera image and a joint state at ``--camera-rate``, a
+robots (``bench/lib/ros_fleet.py``: a camera image and a joint state at ``--camera-rate``, a
 step per image) and measures ``--windows`` windows of ``--duration`` seconds:
 
 - node CPU: user + system time of the node process (``/proc/<pid>/stat``, through psutil)
@@ -15,8 +15,8 @@ step per image) and measures ``--windows`` windows of ``--duration`` seconds:
 
 Each line gives the median window and the min-max.
 
-    python bench/node_cpu.py                                # idle, 1 and 16 robots, ~2 min
-    python bench/node_cpu.py --active 0 1 --duration 5 --windows 1
+    python -m bench.node_cpu                                # idle, 1 and 16 robots, ~2 min
+    python -m bench.node_cpu --active 0 1 --duration 5 --windows 1
 """
 
 from __future__ import annotations
@@ -31,12 +31,9 @@ import tempfile
 import time
 from pathlib import Path
 
-os.environ.setdefault('HF_HUB_OFFLINE', '1')
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from bench.control_loop import Server, Watch, parse_node_param, ros_env, wait_ready
 from bench.control_loop_report import TRIGGERS, LoopPlan
-from bench.robot_fleet import FleetConfig, RobotFleet
+from bench.lib.ros_fleet import FleetConfig, RobotFleet
 from vla_sched.engine.config import DEVICES
 
 
@@ -148,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         model_path=args.model_path,
         device=args.device,
         node_params=dict(parse_node_param(s) for s in args.node_param),
-        systems=('vla_sched',),
+        systems=('scheduled',),
     )
     folder = Path(tempfile.mkdtemp(prefix='vla_node_cpu_'))
     env = ros_env(folder)
@@ -158,8 +155,8 @@ def main(argv: list[str] | None = None) -> int:
         f'windows, {os.cpu_count()} cores, load avg {os.getloadavg()[0]:.2f}, logs in {folder}',
         flush=True,
     )
-    server = Server('vla_sched', plan, folder, env)
-    watch = Watch(enabled=True)
+    server = Server('scheduled', plan, folder, env)
+    watch = Watch()
     points = []
     try:
         wait_ready(server, watch, plan.start_timeout_s)

@@ -1,4 +1,4 @@
-"""N simulated robots in one process, measured over a window: what both serving nodes face.
+"""N simulated robots through ROS in one process, measured over a window: what the node faces.
 
 Each robot is one rclpy node under its own namespace with the topics of
 ``vla_sched.ros.sim_robot`` (camera, joint states, latched instruction; it receives
@@ -13,21 +13,19 @@ each chunk, deadline misses and refusals of every robot during the window only.
 
 The robots publish what ``vla_sched.ros.sim_robot`` publishes, frame for frame, as cheaply
 as they can: each robot draws ``synthetic_frame(i)`` from a gradient it computed once
-(``FrameSource``: the same bytes, a new square and blue level every tick, so every frame is
-a new image to the engine), and its nodes have no parameter services and no QoS event
-handlers, which rclpy's executor would walk on every wake-up.
+(``bench/lib/fleets.FrameSource``: the same bytes, a new square and blue level every tick,
+so every frame is a new image to the engine), and its nodes have no parameter services and
+no QoS event handlers, which rclpy's executor would walk on every wake-up.
 """
 
 from __future__ import annotations
 
 import contextlib
-import math
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import rclpy
 from rclpy.event_handler import PublisherEventCallbacks, SubscriptionEventCallbacks
 from rclpy.executors import SingleThreadedExecutor
@@ -36,33 +34,13 @@ from rclpy.qos import qos_profile_sensor_data as sensor_qos
 from sensor_msgs.msg import Image, JointState
 from std_msgs.msg import String
 
+from bench.lib.fleets import FrameSource
+from bench.lib.stats import percentile
 from vla_sched.msg import ActionChunk, StepRejected
 from vla_sched.ros.conversions import rgb_to_image, stamp_to_ns
 from vla_sched.ros.sim_robot import DEFAULT_JOINTS, SimRobotLog, joint_state
 
 STAGES = ('queue', 'prefill', 'decode', 'total')
-
-
-class FrameSource:
-    """``synthetic_frame(index, width=width, height=height)`` for any index, from the
-    gradient drawn once: each frame copies it and draws its blue level and square."""
-
-    def __init__(self, *, width: int, height: int) -> None:
-        self.width, self.height = width, height
-        ys, xs = np.mgrid[0:height, 0:width]
-        self._gradient = np.zeros((height, width, 3), dtype=np.uint8)
-        self._gradient[..., 0] = (xs * 255 // max(1, width - 1)).astype(np.uint8)
-        self._gradient[..., 1] = (ys * 255 // max(1, height - 1)).astype(np.uint8)
-        self._side = max(2, min(width, height) // 4)
-
-    def frame(self, index: int) -> np.ndarray:
-        frame = self._gradient.copy()
-        frame[..., 2] = (index * 7) % 256
-        side = self._side
-        x0 = (index * 3) % max(1, self.width - side)
-        y0 = (index * 2) % max(1, self.height - side)
-        frame[y0 : y0 + side, x0 : x0 + side] = (255, 255, 255)
-        return frame
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,9 +91,7 @@ class FleetWindow:
 
     def latency_ms(self, q: float) -> float:
         """The ``q``-th percentile of every chunk's latency; NaN without chunks."""
-        if not self.latencies_ms:
-            return math.nan
-        return float(np.percentile(np.asarray(self.latencies_ms), q))
+        return percentile(self.latencies_ms, q)
 
 
 class FleetRobot:
