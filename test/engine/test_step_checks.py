@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 
 from vla_sched.engine.config import EngineConfig, EngineConfigError
-from vla_sched.engine.step_checks import check_step_request
-from vla_sched.ipc.messages import FailureReason, StepRequest
+from vla_sched.engine.core_stats import new_metrics
+from vla_sched.engine.step_checks import check_step_request, refuse_malformed
+from vla_sched.ipc.messages import EngineInfo, FailureReason, StepRequest
 
 
 def _request(**overrides) -> StepRequest:
@@ -51,6 +52,20 @@ def test_malformed_steps_are_refused_with_reason_and_detail(overrides, reason, d
     assert (failure.robot_id, failure.step_seq, failure.stamp_ns) == ('arm', 3, 100)
     assert failure.reason is reason
     assert detail in failure.detail
+
+
+def test_a_refused_step_is_counted_as_an_abort_and_a_served_one_is_not():
+    info = EngineInfo(
+        model_name='m', num_state=7, action_horizon=1, action_dim=7, image_size=0,
+        max_instruction_tokens=64, random_weights=True, prompt_layout='',
+    )  # fmt: skip
+    metrics = new_metrics()
+    assert refuse_malformed(_request(), info, metrics, max_instruction_bytes=64) == []
+    late = _request(deadline_ns=50)
+    (failure,) = refuse_malformed(late, info, metrics, max_instruction_bytes=64)
+    assert failure.reason is FailureReason.DEADLINE_MISSED
+    assert metrics.aborts_by_reason == {'deadline_missed': 1}
+    assert metrics.robot('arm').num_deadline_misses == 1
 
 
 def test_engine_config_names_the_bad_setting():

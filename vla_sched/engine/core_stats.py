@@ -12,15 +12,7 @@ from typing import TYPE_CHECKING
 
 from vla_sched.core.scheduling.metrics import SchedulerMetrics
 from vla_sched.core.scheduling.scheduler_config import SchedulerConfig, ms_to_ns
-from vla_sched.engine.step_checks import check_step_request
-from vla_sched.ipc.messages import (
-    EngineInfo,
-    EngineStats,
-    FailureReason,
-    RobotStats,
-    StepFailure,
-    StepRequest,
-)
+from vla_sched.ipc.messages import EngineInfo, EngineStats, FailureReason, RobotStats
 
 if TYPE_CHECKING:
     from vla_sched.model.config.checkpoint_spec import CheckpointSpec
@@ -113,21 +105,3 @@ def engine_stats(
         aborts_by_reason=dict(metrics.aborts_by_reason),
         robots=robots,
     )
-
-
-def refuse_malformed(
-    request: StepRequest,
-    info: EngineInfo,
-    metrics: SchedulerMetrics,
-    *,
-    max_instruction_bytes: int,
-) -> list[StepFailure]:
-    """``[failure]`` for a step that cannot be served (counted in ``metrics``), else ``[]``:
-    the check both cores make before a step reaches their model."""
-    failure = check_step_request(
-        request, num_state=info.num_state, max_instruction_bytes=max_instruction_bytes
-    )
-    if failure is None:
-        return []
-    record_failure(metrics, request.robot_id, failure.reason)
-    return [failure]

@@ -25,8 +25,9 @@ from vla_sched.core.scheduling.scheduler import Scheduler
 from vla_sched.core.scheduling.scheduler_config import PrefillDelayerConfig, SchedulerConfig
 from vla_sched.engine.checkpoints import check_model_path, resolve_checkpoint
 from vla_sched.engine.config import EngineConfig
-from vla_sched.engine.core_stats import engine_info, engine_stats, refuse_malformed
+from vla_sched.engine.core_stats import engine_info, engine_stats
 from vla_sched.engine.device_choice import pick_device_and_dtype
+from vla_sched.engine.step_checks import refuse_malformed
 from vla_sched.engine.step_translator import StepTranslator
 from vla_sched.ipc.messages import (
     EngineInfo,

@@ -30,9 +30,9 @@ from vla_sched.engine.core_stats import (
     engine_stats,
     new_metrics,
     record_failure,
-    refuse_malformed,
 )
 from vla_sched.engine.device_choice import pick_device_and_dtype
+from vla_sched.engine.step_checks import refuse_malformed
 from vla_sched.ipc.messages import (
     EngineInfo,
     EngineStats,

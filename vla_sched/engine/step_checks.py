@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
-from vla_sched.ipc.messages import FailureReason, StepFailure, StepRequest
+from vla_sched.engine.core_stats import record_failure
+from vla_sched.ipc.messages import EngineInfo, FailureReason, StepFailure, StepRequest
+
+if TYPE_CHECKING:
+    from vla_sched.core.scheduling.metrics import SchedulerMetrics
 
 MAX_IMAGE_SIDE = 4096
 
@@ -49,3 +55,21 @@ def check_step_request(
     if request.deadline_ns < request.stamp_ns:
         return fail(FailureReason.DEADLINE_MISSED, 'deadline is before the observation stamp')
     return None
+
+
+def refuse_malformed(
+    request: StepRequest,
+    info: EngineInfo,
+    metrics: SchedulerMetrics,
+    *,
+    max_instruction_bytes: int,
+) -> list[StepFailure]:
+    """``[failure]`` for a step that cannot be served (counted in ``metrics``), else ``[]``:
+    the check both cores make before a step reaches their model."""
+    failure = check_step_request(
+        request, num_state=info.num_state, max_instruction_bytes=max_instruction_bytes
+    )
+    if failure is None:
+        return []
+    record_failure(metrics, request.robot_id, failure.reason)
+    return [failure]
