@@ -57,12 +57,12 @@ def test_malformed_steps_are_refused_with_reason_and_detail(overrides, reason, d
 def test_a_refused_step_is_counted_as_an_abort_and_a_served_one_is_not():
     info = EngineInfo(
         model_name='m', num_state=7, action_horizon=1, action_dim=7, image_size=0,
-        max_instruction_tokens=64, random_weights=True, prompt_layout='',
+        max_instruction_bytes=64, random_weights=True, prompt_layout='',
     )  # fmt: skip
     metrics = new_metrics()
-    assert refuse_malformed(_request(), info, metrics, max_instruction_bytes=64) == []
+    assert refuse_malformed(_request(), info, metrics) == []
     late = _request(deadline_ns=50)
-    (failure,) = refuse_malformed(late, info, metrics, max_instruction_bytes=64)
+    (failure,) = refuse_malformed(late, info, metrics)
     assert failure.reason is FailureReason.DEADLINE_MISSED
     assert metrics.aborts_by_reason == {'deadline_missed': 1}
     assert metrics.robot('arm').num_deadline_misses == 1

@@ -1,4 +1,5 @@
-"""A step becomes one scheduler request: prompt, image span, action tokens, session prefix."""
+"""A step becomes one scheduler request: prompt, image span, action tokens, session prefix;
+the longest step the engine accepts fits the request rows the engine sizes."""
 
 from __future__ import annotations
 
@@ -7,8 +8,12 @@ import dataclasses
 import numpy as np
 import pytest
 
+from vla_sched.core.memory.kv_memory import KVMemory
+from vla_sched.core.scheduling.intake import RequestLimits, validate_new_request
+from vla_sched.core.scheduling.scheduler_config import SchedulerConfig
 from vla_sched.engine.checkpoints import resolve_checkpoint
 from vla_sched.engine.config import EngineConfig
+from vla_sched.engine.scheduled_core import kv_memory_config_for
 from vla_sched.engine.step_translator import StepTranslator, image_content_hash
 from vla_sched.ipc.messages import StepRequest
 from vla_sched.model.config.checkpoint_spec import PromptTemplate
@@ -100,3 +105,17 @@ def test_image_hash_tells_frames_apart_and_matches_equal_frames():
     assert image_content_hash(a) != image_content_hash(b)
     assert image_content_hash(a) != image_content_hash(np.zeros((2, 8, 3), np.uint8))
     assert 0 <= image_content_hash(b) < 2**63
+
+
+@pytest.mark.parametrize('state_tokens', [False, True])
+def test_the_longest_accepted_instruction_fits_the_engines_request_rows(translator, state_tokens):
+    spec = dataclasses.replace(translator.spec, prompt=PromptTemplate(state_tokens=state_tokens))
+    prompts = VLAPromptBuilder(spec, translator.prompts.tokenizer, bos_token_id=1)
+    config = EngineConfig(max_instruction_bytes=100, max_running_requests=2, page_size=16)
+    limits = RequestLimits.of(KVMemory(kv_memory_config_for(config, spec)))
+    # One token per byte: the tiny checkpoint's tokenizer merges nothing in this text.
+    step = StepTranslator(spec, prompts, model_name='m', whole_vocab=False).translate(
+        _request(instruction='q' * 100)
+    )
+    assert len(step.req.origin_input_ids) >= 100 + spec.num_image_tokens
+    assert validate_new_request(step.req, config=SchedulerConfig(), limits=limits) is None

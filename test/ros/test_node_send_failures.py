@@ -74,7 +74,7 @@ class FailingSendClient:
             action_horizon=HORIZON,
             action_dim=DOF,
             image_size=32,
-            max_instruction_tokens=64,
+            max_instruction_bytes=64,
             random_weights=True,
         )
         self.errors = list(errors)

@@ -47,7 +47,7 @@ def engine_info(
         action_horizon=spec.action_horizon,
         action_dim=spec.action_dim,
         image_size=spec.preprocessing.image_size if spec.preprocessing else 0,
-        max_instruction_tokens=max_instruction_bytes,
+        max_instruction_bytes=max_instruction_bytes,
         random_weights=random_weights,
         prompt_layout=PROMPT_LAYOUT_IMAGE_FIRST
         if spec.prompt.image_first

@@ -13,6 +13,7 @@ import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -39,6 +40,9 @@ from vla_sched.ipc.messages import (
 )
 from vla_sched.model.prompting.action_tokenizer import ActionChunkDecoder
 
+if TYPE_CHECKING:
+    from vla_sched.model.config.checkpoint_spec import CheckpointSpec
+
 logger = logging.getLogger(__name__)
 
 # Scheduler abort reasons as the frontend reports them; the rest are internal errors.
@@ -55,7 +59,11 @@ FAILURE_OF_ABORT = {
     AbortReason.CLIENT: FailureReason.CANCELLED,
     AbortReason.SESSION_CLOSED: FailureReason.CANCELLED,
 }
-PROMPT_MARGIN_TOKENS = 64  # template text around the instruction, in tokens
+PROMPT_MARGIN_TOKENS = 64  # template text around the instruction (BOS, prefix, suffix), in tokens
+# A request row's room beyond the prompt's text, image and action tokens: the state tokens
+# (one per state value) and the scheduler's length reserve (``intake.RequestLimits``: a
+# prompt leaves at least 7 tokens of the row, prompt plus new tokens at least 2).
+CONTEXT_RESERVE_TOKENS = 64
 
 
 class ScheduledCore:
@@ -93,21 +101,11 @@ class ScheduledCore:
         self.model_name = self.translator.model_name
         device, dtype = pick_device_and_dtype(config)
         model = load_checkpoint(folder, device=device, dtype=dtype, spec=self.spec)
-        page_size = config.page_size
-        self.memory = KVMemory(
-            KVMemoryConfig(
-                num_pages=config.kv_pool_tokens // page_size,
-                page_size=page_size,
-                num_req_slots=config.max_running_requests,
-                max_context_len=self._max_context_len(),
-                session_step_kv='free',
-                session_idle_timeout_s=config.session_idle_timeout_s,
-            )
-        )
+        self.memory = KVMemory(kv_memory_config_for(config, self.spec))
         runner: BatchRunner = ModelRunner(
             model,
             req_to_token=self.memory.req_to_token_pool.req_to_token,
-            num_kv_slots=(self.memory.allocator.num_pages + 1) * page_size,
+            num_kv_slots=(self.memory.allocator.num_pages + 1) * config.page_size,
             config=RunnerConfig(cuda_graphs=config.cuda_graphs and device.type == 'cuda'),
         )
         if wrap_runner is not None:
@@ -143,14 +141,6 @@ class ScheduledCore:
             wrap_runner=wrap_runner,
         )
 
-    def _max_context_len(self) -> int:
-        """Longest prompt (instruction bytes bound its tokens) plus the action tokens."""
-        num = (
-            self.config.max_instruction_bytes + PROMPT_MARGIN_TOKENS
-            + self.spec.num_image_tokens + self.spec.num_action_tokens + 64
-        )  # fmt: skip
-        return round_up_to_page(num, self.config.page_size)
-
     @property
     def info(self) -> EngineInfo:
         return self._info
@@ -158,10 +148,7 @@ class ScheduledCore:
     # ---- steps -------------------------------------------------------------------------
 
     def submit(self, request: StepRequest, now_ns: int) -> list[StepFailure]:
-        refused = refuse_malformed(
-            request, self._info, self.scheduler.metrics,
-            max_instruction_bytes=self.config.max_instruction_bytes,
-        )  # fmt: skip
+        refused = refuse_malformed(request, self._info, self.scheduler.metrics)
         if refused:
             return refused
         step = self.translator.translate(request)
@@ -245,6 +232,28 @@ class ScheduledCore:
     def close(self) -> None:
         for session in self.scheduler.sessions():
             self.scheduler.close_session(session.robot_id)
+
+
+def kv_memory_config_for(c: EngineConfig, spec: CheckpointSpec) -> KVMemoryConfig:
+    """The KV memory the engine sizes from ``c`` for ``spec``'s checkpoint.
+
+    A request row (``max_context_len``, whole pages) holds the longest prompt the engine
+    accepts (instruction bytes bound its tokens, ``PROMPT_MARGIN_TOKENS`` of template, the
+    image tokens, ``CONTEXT_RESERVE_TOKENS``) and the step's action tokens. A session step's
+    own KV is freed when it ends; a session idle for ``session_idle_timeout_s`` is closed.
+    """
+    num_tokens = (
+        c.max_instruction_bytes + PROMPT_MARGIN_TOKENS + spec.num_image_tokens
+        + spec.num_action_tokens + CONTEXT_RESERVE_TOKENS
+    )  # fmt: skip
+    return KVMemoryConfig(
+        num_pages=c.kv_pool_tokens // c.page_size,
+        page_size=c.page_size,
+        num_req_slots=c.max_running_requests,
+        max_context_len=round_up_to_page(num_tokens, c.page_size),
+        session_step_kv='free',
+        session_idle_timeout_s=c.session_idle_timeout_s,
+    )
 
 
 def scheduler_config_for(c: EngineConfig, device_type: str) -> SchedulerConfig:

@@ -115,10 +115,7 @@ class SequentialCore:
         return self._info
 
     def submit(self, request: StepRequest, now_ns: int) -> list[StepFailure]:
-        refused = refuse_malformed(
-            request, self._info, self.metrics,
-            max_instruction_bytes=self.config.max_instruction_bytes,
-        )  # fmt: skip
+        refused = refuse_malformed(request, self._info, self.metrics)
         if refused:
             return refused
         waiting = self._waiting.get(request.robot_id)

@@ -58,16 +58,13 @@ def check_step_request(
 
 
 def refuse_malformed(
-    request: StepRequest,
-    info: EngineInfo,
-    metrics: SchedulerMetrics,
-    *,
-    max_instruction_bytes: int,
+    request: StepRequest, info: EngineInfo, metrics: SchedulerMetrics
 ) -> list[StepFailure]:
-    """``[failure]`` for a step that cannot be served (counted in ``metrics``), else ``[]``:
-    the check both cores make before a step reaches their model."""
+    """``[failure]`` for a step that cannot be served by the engine ``info`` describes
+    (counted in ``metrics``), else ``[]``: the check both cores make before a step reaches
+    their model."""
     failure = check_step_request(
-        request, num_state=info.num_state, max_instruction_bytes=max_instruction_bytes
+        request, num_state=info.num_state, max_instruction_bytes=info.max_instruction_bytes
     )
     if failure is None:
         return []

@@ -21,7 +21,7 @@ import numpy as np
 
 from vla_sched.ipc import messages as m
 
-VERSION = 1
+VERSION = 2  # 2: EngineInfo.max_instruction_tokens is max_instruction_bytes
 ALLOWED_DTYPES = frozenset({'uint8', 'float32', 'float64', 'int32', 'int64'})
 MESSAGE_TYPES: dict[str, type] = {
     cls.__name__: cls

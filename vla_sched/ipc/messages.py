@@ -146,7 +146,7 @@ class EngineInfo:
     action_horizon: int  # H
     action_dim: int  # D
     image_size: int  # the vision tower's input size; frames of any size are resized to it
-    max_instruction_tokens: int
+    max_instruction_bytes: int  # longest accepted instruction, in UTF-8 bytes
     random_weights: bool  # true for the built-in tiny checkpoint: its actions are meaningless
     # What a robot's steps can share in the radix cache: 'instruction first' (the session
     # prefix: BOS and the instruction text) or 'image first' (OpenVLA: only BOS).
