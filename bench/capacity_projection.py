@@ -3,7 +3,7 @@
 A projection, not a measurement: no GPU served these robots. The real ``Scheduler`` (with
 the settings the engine derives from its ``EngineConfig``) drives the simulated runner whose
 passes take the durations of a ``HardwareCostModel`` built from openvla-7b's sizes and rates
-measured on an NVIDIA H200 (``bench/openvla_h200_cost.py``); a one-request-at-a-time server
+measured on an NVIDIA H200 (``bench.lib.cost_model``); a one-request-at-a-time server
 (the baseline's way) runs under the same cost model (``bench/sim_robot_servers.py``).
 Robots at 10 Hz behave as the node's robots do; the criteria and the stepping are the
 control loop's (``bench/capacity.py``), the counts between the last pass and the next
@@ -11,7 +11,7 @@ failure refined one by one. Latency is image stamp to the step's end on the engi
 (no ROS, no transport).
 
 Per calibration (``hardware bound``, ``as measured``, ``as measured, prefill graphs``:
-``bench/openvla_h200_cost.py``) it prints the cost model, each
+``bench.lib.cost_model``) it prints the cost model, each
 server's capacity and 1-robot latency, the ratio to the one-at-a-time server, and the
 capacity's share of the physical bounds: the pass bound (one prefill pass for all robots,
 then shared decode passes, fill the period) and the FLOP ceiling (every step's FLOPs fill
@@ -25,7 +25,7 @@ mixed passes (each prefill pass also decodes the running steps: SGLang's mixed c
 the engine uses on the CPU only, since on a GPU its runner would run such a pass outside
 the captured decode graph).
 
-    python bench/capacity_projection.py --json out.json --markdown out.md    # a few minutes
+    python -m bench.capacity_projection --json out.json --markdown out.md    # a few minutes
 """
 
 from __future__ import annotations
@@ -42,8 +42,6 @@ from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from bench.capacity import (
     CapacityCriteria,
     CapacityMeasure,
@@ -53,7 +51,7 @@ from bench.capacity import (
     search_capacity,
     steps_table,
 )
-from bench.openvla_h200_cost import (
+from bench.lib.cost_model import (
     CALIBRATIONS,
     Bounds,
     H200Measurements,

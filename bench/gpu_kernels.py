@@ -2,18 +2,19 @@
 
 For each kernel (decode attention, extend attention, KV store) the script checks the Triton
 output against the float32 torch reference (bf16 and fp16 with ragged lengths, fp32, a
-CUDA-graph replay, and every timed shape in bf16), then times it with CUDA events: the
-median of many launches, rotating over several independent input sets and flushing the L2
-cache before every launch so that no launch finds its data already cached. It prints
+CUDA-graph replay, and every timed shape in bf16 and again in fp16), then times it
+(``bench.lib.device_timing.Timer``: CUDA events, the median of many launches, rotating over
+several independent input sets, the L2 cache flushed before every launch). It prints
 achieved GB/s next to the measured device-to-device copy bandwidth, with torch SDPA over
 KV gathered through the same slot table (and index_put for the store) as the baseline.
 Shapes: batch 1 to 128, context 256 to 8192, a Llama-style GQA layer by default.
 
-Usage, from the repository root::
+The prepared GPU run runs the same checks and timings, on fewer shapes, as its ``kernels``
+part. Usage, from the repository root::
 
-    python bench/gpu_kernels.py                 # full run on the GPU, a few minutes
-    python bench/gpu_kernels.py --out k.md      # also write the Markdown tables to k.md
-    python bench/gpu_kernels.py --dry-run       # tiny shapes on the CPU under the Triton
+    python -m bench.gpu_kernels                 # full run on the GPU, a few minutes
+    python -m bench.gpu_kernels --out k.md      # also write the report (Markdown) to k.md
+    python -m bench.gpu_kernels --dry-run       # tiny shapes on the CPU under the Triton
                                                 # interpreter: checks the script, not speed
 """
 
@@ -22,18 +23,19 @@ from __future__ import annotations
 import argparse
 import itertools
 import os
-import statistics
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch.nn import functional
 
+from bench.lib.device_timing import Timer, copy_bandwidth_gbs
+from bench.lib.tables import markdown_table
+
 TOLERANCES = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 5e-3}
-L2_FLUSH_BYTES = 256 << 20
 MAX_KV_SPLITS = 8
 SCRATCH_KEYS = ('out', 'attn_logits', 'attn_lse', 'num_kv_splits')
 
@@ -70,48 +72,6 @@ def make_plan(args: argparse.Namespace) -> BenchPlan:
         return BenchPlan(cpu, torch.float32, 4, 2, 64, 4, (1, 3), (9, 24), 6, (2,), (5,), 2, 2)
     shape = (args.num_q_heads, args.num_kv_heads, args.head_dim, args.page_size)
     return BenchPlan(torch.device('cuda'), torch.bfloat16, *shape, num_reps=args.reps)
-
-
-class Timer:
-    """Median milliseconds of ``fn(inputs)`` over rotating input sets, L2 flushed each time."""
-
-    def __init__(self, device: torch.device, num_reps: int) -> None:
-        self.device = device
-        self.num_reps = num_reps
-        self.is_cuda = device.type == 'cuda'
-        flush_bytes = L2_FLUSH_BYTES if self.is_cuda else 1
-        self.flush_buffer = torch.empty(flush_bytes, dtype=torch.uint8, device=device)
-
-    def median_ms(self, fn: Callable[[dict], object], input_sets: list[dict]) -> float:
-        fn(input_sets[0])  # compile and warm up outside the measurement
-        times = []
-        for rep in range(self.num_reps):
-            inputs = input_sets[rep % len(input_sets)]
-            self.flush_buffer.zero_()
-            if self.is_cuda:
-                start = torch.cuda.Event(enable_timing=True)
-                end = torch.cuda.Event(enable_timing=True)
-                start.record()
-                fn(inputs)
-                end.record()
-                end.synchronize()
-                times.append(start.elapsed_time(end))
-            else:
-                begin = time.perf_counter()
-                fn(inputs)
-                times.append((time.perf_counter() - begin) * 1e3)
-        return statistics.median(times)
-
-
-def copy_bandwidth_gbs(timer: Timer, num_bytes: int) -> float:
-    """Device-to-device copy bandwidth, counting bytes read plus bytes written."""
-
-    def buffer() -> torch.Tensor:
-        return torch.empty(num_bytes, dtype=torch.uint8, device=timer.device)
-
-    sets = [{'src': buffer(), 'dst': buffer()} for _ in range(2)]
-    ms = timer.median_ms(lambda s: s['dst'].copy_(s['src']), sets)
-    return 2 * num_bytes / ms / 1e6
 
 
 def paged_cache(plan: BenchPlan, seq_lens: list[int], seed: int) -> dict:
@@ -201,25 +161,25 @@ def extend_set(plan: BenchPlan, prefix_lens: list[int], extend_lens: list[int], 
     )
 
 
-def _run_decode(inputs: dict) -> None:
+def run_decode(inputs: dict) -> None:
     from vla_sched.kernels.decode_attention import decode_attention
 
     decode_attention(**inputs)
 
 
-def _decode_ref(inputs: dict) -> torch.Tensor:
+def decode_ref(inputs: dict) -> torch.Tensor:
     from vla_sched.kernels.decode_attention import decode_attention_torch
 
     return decode_attention_torch(**{k: v for k, v in inputs.items() if k not in SCRATCH_KEYS})
 
 
-def _run_extend(inputs: dict, max_extend_len: int) -> torch.Tensor:
+def run_extend(inputs: dict, max_extend_len: int) -> torch.Tensor:
     from vla_sched.kernels.extend_attention import run_extend_attention
 
     return run_extend_attention(**inputs, max_extend_len=max_extend_len, backend='triton')
 
 
-def _extend_ref(inputs: dict) -> torch.Tensor:
+def extend_ref(inputs: dict) -> torch.Tensor:
     from vla_sched.kernels.extend_attention import extend_attention_torch
 
     return extend_attention_torch(**inputs)
@@ -236,23 +196,23 @@ def correctness_checks(plan: BenchPlan, num_sms: int) -> list[str]:
     for dtype in dtypes:
         sub = replace(plan, dtype=dtype)
         inputs = decode_set(sub, decode_lens, 7, num_sms)
-        _run_decode(inputs)
-        check_close(f'decode ragged {dtype}', inputs['out'], _decode_ref(inputs))
+        run_decode(inputs)
+        check_close(f'decode ragged {dtype}', inputs['out'], decode_ref(inputs))
         inputs = extend_set(sub, prefix_lens, extend_lens, 8)
         inputs['image_spans'] = torch.tensor(spans, device=plan.device)
-        out = _run_extend(inputs, max(extend_lens))
-        check_close(f'extend ragged {dtype}', out, _extend_ref(inputs))
+        out = run_extend(inputs, max(extend_lens))
+        check_close(f'extend ragged {dtype}', out, extend_ref(inputs))
         done.append(f'decode and extend, ragged lengths, {dtype}')
     if plan.device.type == 'cuda':
         inputs = decode_set(plan, [2048] * 32, 9, num_sms)
-        _run_decode(inputs)  # compile before capture
+        run_decode(inputs)  # compile before capture
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            _run_decode(inputs)
+            run_decode(inputs)
         inputs['q'].copy_(torch.randn_like(inputs['q']))
         graph.replay()
         torch.cuda.synchronize()
-        check_close('decode CUDA-graph replay', inputs['out'], _decode_ref(inputs))
+        check_close('decode CUDA-graph replay', inputs['out'], decode_ref(inputs))
         done.append('decode captured in a CUDA graph and replayed on new queries')
     return done
 
@@ -281,9 +241,9 @@ def bench_decode(plan: BenchPlan, timer: Timer, num_sms: int) -> list[dict]:
     for batch_size, context_len in itertools.product(plan.batch_sizes, plan.context_lens):
         lens = [context_len] * batch_size
         sets = [decode_set(plan, lens, seed, num_sms) for seed in range(plan.num_input_sets)]
-        _run_decode(sets[0])
+        run_decode(sets[0])
         label = f'decode b={batch_size} ctx={context_len}'
-        check_close(label, sets[0]['out'], _decode_ref(sets[0]))
+        check_close(label, sets[0]['out'], decode_ref(sets[0]))
         kv_bytes = 2 * batch_size * context_len * plan.num_kv_heads * plan.head_dim
         num_bytes = (kv_bytes + 2 * sets[0]['q'].numel()) * plan.dtype.itemsize
         num_bytes += 4 * batch_size * context_len  # slot ids
@@ -291,7 +251,7 @@ def bench_decode(plan: BenchPlan, timer: Timer, num_sms: int) -> list[dict]:
         def sdpa(s: dict) -> torch.Tensor:
             return _sdpa_over_gathered(s, s['q'][:, :, None], None)
 
-        columns = _measure(timer, sets, _run_decode, sdpa, num_bytes)
+        columns = _measure(timer, sets, run_decode, sdpa, num_bytes)
         rows.append(dict(kernel='decode', batch=batch_size, context=context_len, **columns))
     return rows
 
@@ -303,7 +263,7 @@ def bench_extend(plan: BenchPlan, timer: Timer) -> list[dict]:
         prefixes, extends = [prefix_len] * batch_size, [ext] * batch_size
         sets = [extend_set(plan, prefixes, extends, seed) for seed in range(plan.num_input_sets)]
         label = f'extend b={batch_size} prefix={prefix_len}'
-        check_close(label, _run_extend(sets[0], ext), _extend_ref(sets[0]))
+        check_close(label, run_extend(sets[0], ext), extend_ref(sets[0]))
         positions = torch.arange(prefix_len + ext, device=plan.device)
         mask = positions[None, :] <= positions[prefix_len:, None]
         kv_bytes = 2 * batch_size * (prefix_len + ext) * plan.num_kv_heads * plan.head_dim
@@ -315,7 +275,7 @@ def bench_extend(plan: BenchPlan, timer: Timer) -> list[dict]:
             return _sdpa_over_gathered(s, query, mask)
 
         def run(s: dict) -> torch.Tensor:
-            return _run_extend(s, ext)
+            return run_extend(s, ext)
 
         flops = 4 * pairs * plan.num_q_heads * plan.head_dim
         columns = _measure(timer, sets, run, sdpa, num_bytes, flops)
@@ -356,20 +316,105 @@ def bench_store(plan: BenchPlan, timer: Timer) -> list[dict]:
     return rows
 
 
-def format_table(rows: list[dict], copy_gbs: float) -> str:
-    """Markdown table; the baseline is SDPA over gathered KV (index_put for store_kv)."""
-    lines = [
-        '| kernel | batch (tokens) | context | triton ms | GB/s | % of copy | TFLOP/s '
-        '| baseline ms | speed-up |',
-        '|' + '---|' * 9,
+def check_shapes_in(plan: BenchPlan, dtype: torch.dtype, num_sms: int) -> str:
+    """Every decode and extend shape of ``plan`` once more in ``dtype``, against the
+    reference (the timed runs check them in ``plan.dtype``)."""
+    other = replace(plan, dtype=dtype)
+    for batch_size, context_len in itertools.product(plan.batch_sizes, plan.context_lens):
+        inputs = decode_set(other, [context_len] * batch_size, 11, num_sms)
+        run_decode(inputs)
+        label = f'decode b={batch_size} ctx={context_len} {dtype}'
+        check_close(label, inputs['out'], decode_ref(inputs))
+    ext = plan.extend_len
+    for batch_size, prefix_len in itertools.product(plan.extend_batch_sizes, plan.context_lens):
+        inputs = extend_set(other, [prefix_len] * batch_size, [ext] * batch_size, 12)
+        label = f'extend b={batch_size} prefix={prefix_len} {dtype}'
+        check_close(label, run_extend(inputs, ext), extend_ref(inputs))
+    return f'every benchmark shape in {plan.dtype} (timed) and {dtype}'
+
+
+def run_kernels(
+    plan: BenchPlan,
+    *,
+    copy_gb_per_s: float | None = None,
+    extra_dtype: torch.dtype | None = None,
+    progress=print,
+) -> dict[str, Any]:
+    """Check every kernel, then time every shape of ``plan``: a JSON-ready dict.
+
+    ``copy_gb_per_s`` is the device's copy bandwidth the rows are set against (measured
+    here when not given); ``extra_dtype`` checks every timed shape again in that dtype.
+    """
+    torch.backends.cuda.matmul.allow_tf32 = False  # the fp32 references must be exact fp32
+    on_gpu = plan.device.type == 'cuda'
+    num_sms = torch.cuda.get_device_properties(plan.device).multi_processor_count if on_gpu else 1
+    timer = Timer(plan.device, plan.num_reps)
+    if copy_gb_per_s is None:
+        copy_gb_per_s = copy_bandwidth_gbs(timer, 1 << 30 if on_gpu else 1 << 20)
+    checks = correctness_checks(plan, num_sms)
+    progress('checked: ' + '; '.join(checks))
+    if extra_dtype is not None:
+        checks.append(check_shapes_in(plan, extra_dtype, num_sms))
+        progress(f'checked every benchmark shape in {extra_dtype}')
+    rows = bench_decode(plan, timer, num_sms)
+    progress(f'decode timed ({len(rows)} shapes)')
+    rows += bench_extend(plan, timer) + bench_store(plan, timer)
+    for row in rows:
+        row['copy_share'] = row['gbs'] / copy_gb_per_s
+        row['context'] = str(row['context'])
+    target = [
+        r['copy_share']
+        for r in rows
+        if r['kernel'] == 'decode' and r['batch'] >= 32 and int(r['context']) >= 2048
     ]
-    for r in rows:
-        tflops = f'{r["tflops"]:.1f}' if r['tflops'] else '-'
-        cells = [r['kernel'], r['batch'], r['context'], f'{r["ms"]:.3f}', f'{r["gbs"]:.0f}']
-        cells += [f'{100 * r["gbs"] / copy_gbs:.0f}%', tflops, f'{r["baseline_ms"]:.3f}']
-        cells.append(f'{r["baseline_ms"] / r["ms"]:.2f}x')
-        lines.append('| ' + ' | '.join(str(c) for c in cells) + ' |')
-    return '\n'.join(lines)
+    return {
+        'device': torch.cuda.get_device_name(plan.device) if on_gpu else 'CPU (interpreter)',
+        'shape': {
+            'num_q_heads': plan.num_q_heads,
+            'num_kv_heads': plan.num_kv_heads,
+            'head_dim': plan.head_dim,
+            'page_size': plan.page_size,
+            'dtype': str(plan.dtype).removeprefix('torch.'),
+            'num_reps': plan.num_reps,
+        },
+        'checks': checks,
+        'copy_gb_per_s': copy_gb_per_s,
+        'rows': rows,
+        'decode_worst_copy_share': min(target) if target else None,
+    }
+
+
+def markdown_lines(result: dict[str, Any]) -> list[str]:
+    """The kernels' report: a heading, what was checked, a row per timed shape; the
+    baseline is SDPA over gathered KV (index_put for store_kv)."""
+    s = result['shape']
+    rows = [
+        [r['kernel'], r['batch'], r['context'], f'{r["ms"]:.3f}', f'{r["gbs"]:.0f}',
+         f'{100 * r["copy_share"]:.0f}%', f'{r["tflops"]:.1f}' if r['tflops'] else '-',
+         f'{r["baseline_ms"]:.3f}', f'{r["baseline_ms"] / r["ms"]:.2f}x']
+        for r in result['rows']
+    ]  # fmt: skip
+    headers = ['kernel', 'batch (tokens)', 'context', 'triton ms', 'GB/s', 'of copy']
+    headers += ['TFLOP/s', 'baseline ms', 'speed-up']
+    worst = result['decode_worst_copy_share']
+    lines = [
+        f'## Kernels on {result["device"]} (Hq={s["num_q_heads"]}, Hkv={s["num_kv_heads"]}, '
+        f'D={s["head_dim"]}, page {s["page_size"]}, {s["dtype"]}, median of {s["num_reps"]}, '
+        'L2 flushed)',
+        '',
+        'Checked against the float32 reference: ' + '; '.join(result['checks']) + '.',
+        f'"of copy": of the device-to-device copy bandwidth, {result["copy_gb_per_s"]:.0f} GB/s '
+        '(reads + writes).',
+        '',
+        markdown_table(headers, rows),
+    ]
+    if worst is not None:
+        lines += [
+            '',
+            f'Decode at batch >= 32 and context >= 2048: worst {100 * worst:.0f}% of copy '
+            'bandwidth (target 70%).',
+        ]
+    return lines
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -394,36 +439,18 @@ def main(argv: list[str] | None = None) -> int:
     elif not torch.cuda.is_available():
         print('no CUDA device: run with --dry-run to check the script on the CPU', file=sys.stderr)
         return 2
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     import triton
 
-    torch.backends.cuda.matmul.allow_tf32 = False  # the fp32 references must be exact fp32
     plan = make_plan(args)
     started = time.perf_counter()
-    timer = Timer(plan.device, plan.num_reps)
-    on_gpu = plan.device.type == 'cuda'
-    num_sms = torch.cuda.get_device_properties(plan.device).multi_processor_count if on_gpu else 1
-    hardware = torch.cuda.get_device_name(plan.device) if on_gpu else 'CPU (dry run, interpreter)'
-    copy_gbs = copy_bandwidth_gbs(timer, 1 << 30 if on_gpu else 1 << 20)
-    checks = correctness_checks(plan, num_sms)
-    rows = (
-        bench_decode(plan, timer, num_sms) + bench_extend(plan, timer) + bench_store(plan, timer)
-    )
-    decode_rows = [r for r in rows if r['kernel'] == 'decode']
-    target = [r['gbs'] for r in decode_rows if r['batch'] >= 32 and r['context'] >= 2048]
-    worst = 100 * min(target, default=float('nan')) / copy_gbs
+    extra = torch.float16 if plan.device.type == 'cuda' else None
+    result = run_kernels(plan, extra_dtype=extra, progress=lambda line: None)
     report = '\n'.join(
         [
-            f'Hardware: {hardware}; torch {torch.__version__}, triton {triton.__version__}, '
-            f'CUDA {torch.version.cuda}; {plan.dtype}, Hq={plan.num_q_heads}, '
-            f'Hkv={plan.num_kv_heads}, D={plan.head_dim}, page {plan.page_size}.',
-            f'Device-to-device copy: {copy_gbs:.0f} GB/s (read + write).',
-            'Checked against the float32 reference: ' + '; '.join(checks) + '; every timed shape.',
+            *markdown_lines(result),
             '',
-            format_table(rows, copy_gbs),
-            '',
-            f'Decode at batch >= 32 and context >= 2048: worst {worst:.0f}% of copy bandwidth '
-            f'(target 70%). Wall time {time.perf_counter() - started:.0f} s.',
+            f'torch {torch.__version__}, triton {triton.__version__}, CUDA {torch.version.cuda}; '
+            f'wall time {time.perf_counter() - started:.0f} s.',
         ]
     )
     print(report)

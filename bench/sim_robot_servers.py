@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from bench.capacity import CapacityMeasure
-from bench.openvla_h200_cost import ModelShape, one_at_a_time_step_ns
+from bench.lib.cost_model import ModelShape, one_at_a_time_step_ns
 from bench.sim_scheduler import build_sim_scheduler
 from vla_sched.core.forward_batch import ImageInput, SamplingParams
 from vla_sched.core.memory.kv_config import KVMemoryConfig

@@ -1,4 +1,4 @@
-"""bench/gpu_check.py: the prepared GPU run, checked through its CPU dry run.
+"""bench.gpu_check: the prepared GPU run, checked through its CPU dry run.
 
 Every part runs in its own subprocess with rclpy, ZMQ, cv_bridge, cv2 and PIL hidden (as on
 the bare GPU machine); a part that hangs is stopped at its limit and the next part still runs.
@@ -7,6 +7,7 @@ the bare GPU machine); a part that hangs is stopped at its limit and the next pa
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,13 +15,12 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / 'bench' / 'gpu_check.py'
 PARTS = ('environment', 'kernels', 'checkpoint', 'model', 'engine_core', 'serving', 'scheduler')
 
 
 def _run(out: Path, *args: str, timeout_s: float = 600) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, str(SCRIPT), '--out', str(out), '--dry-run', *args],
+        [sys.executable, '-m', 'bench.gpu_check', '--out', str(out), '--dry-run', *args],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -30,8 +30,15 @@ def _run(out: Path, *args: str, timeout_s: float = 600) -> subprocess.CompletedP
 
 @pytest.fixture(scope='module')
 def dry_run(tmp_path_factory) -> tuple[subprocess.CompletedProcess, dict, str]:
+    """The whole dry run through the GPU machine's entry point, bench/gpu_check.sh."""
     out = tmp_path_factory.mktemp('gpu_check')
-    done = _run(out, '--budget-s', '360')
+    done = subprocess.run(
+        ['bash', str(ROOT / 'bench' / 'gpu_check.sh'), str(out), '--dry-run', '--budget-s', '360'],
+        env=dict(os.environ, PYTHON=sys.executable),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     results = json.loads((out / 'results.json').read_text())
     return done, results, (out / 'report.md').read_text()
 
@@ -58,6 +65,7 @@ def test_dry_run_records_the_numbers_each_part_must_produce(dry_run):
     assert [r['kernel'] for r in kernels['rows']] == ['decode', 'extend', 'store_kv']
     assert all(r['ms'] > 0 and r['gbs'] >= 0 and 'copy_share' in r for r in kernels['rows'])
     assert any('every benchmark shape' in check for check in kernels['checks'])
+    assert kernels['copy_gb_per_s'] == env['copy_gb_per_s']  # the rates are measured once
     model = data['model']
     assert model['logits']['max_relative_error'] < 1e-3  # fp32, same weights
     (batch,) = model['batches']
@@ -65,6 +73,7 @@ def test_dry_run_records_the_numbers_each_part_must_produce(dry_run):
         assert batch[engine]['step_ms'] > 0
     for share in ('graphs_equal_eager_share', 'eager_equal_transformers_share'):
         assert 0.0 <= batch[share] <= 1.0
+    assert model['floor']['copy_gb_per_s'] == env['copy_gb_per_s']
     assert model['floor']['step_ms'] > 0 and model['runner_step_over_floor'] > 0
     core = data['engine_core']
     assert core['num_steps_sent'] == 8 and core['num_results'] + core['num_failures'] == 8
@@ -77,7 +86,8 @@ def test_dry_run_records_the_numbers_each_part_must_produce(dry_run):
     assert [p['num_robots'] for p in serving['mixed_points']] == [1, 2]
     assert all(p['num_results'] > 0 for p in serving['mixed_points'])
     assert serving['robots_bound'] > 0 and 'bound_share_served' in serving
-    assert 'one_robot_step_over_floor' in serving
+    assert serving['floor']['matmul_tflops'] == env['matmul_tflops']
+    assert serving['one_robot_step_over_floor'] > 0
     points = data['scheduler']['points']
     assert {(p['runner'], p['overlap']) for p in points} == {
         (runner, overlap) for runner in ('null', 'model') for overlap in (False, True)
@@ -85,6 +95,7 @@ def test_dry_run_records_the_numbers_each_part_must_produce(dry_run):
     assert len(results['targets']) == 4 and all('met' in t for t in results['targets'])
     for header in ('## Targets', '## Kernels', '## Model', '## Engine core', '## Serving'):
         assert header in report
+    assert '## Scheduler host time per decode step' in report and 'With mixed passes:' in report
 
 
 def test_a_hanging_part_is_stopped_at_its_limit_and_the_next_part_still_runs(tmp_path):
@@ -113,9 +124,8 @@ def test_parts_that_read_the_checkpoint_are_skipped_with_why_when_it_is_missing(
 
 def test_hidden_modules_cannot_be_imported_but_their_metadata_still_reads():
     code = (
-        'import importlib.metadata, importlib.util, sys\n'
-        f'sys.path.insert(0, {str(ROOT)!r})\n'
-        'from bench.gpu_check import hide_modules\n'
+        'import importlib.metadata, importlib.util\n'
+        'from bench.gpu_check.isolation import hide_modules\n'
         "hide_modules(('numpy',))\n"
         "assert importlib.util.find_spec('numpy') is None\n"
         "assert importlib.metadata.version('numpy')\n"
@@ -124,5 +134,5 @@ def test_hidden_modules_cannot_be_imported_but_their_metadata_still_reads():
         'except ModuleNotFoundError:\n'
         "    print('hidden')\n"
     )
-    done = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True)
+    done = subprocess.run([sys.executable, '-c', code], cwd=ROOT, capture_output=True, text=True)
     assert done.stdout.strip() == 'hidden', done.stderr

@@ -1,5 +1,5 @@
-"""The serving benchmarks (bench/control_loop.py, itl_jump.py, scheduler_cost.py,
-gpu_serving.py) run end to end in tiny modes, and their bookkeeping computes what it says."""
+"""The serving benchmarks (bench/control_loop.py, itl_jump.py, scheduler_cost.py) run end to
+end in tiny modes, and their bookkeeping computes what it says."""
 
 from __future__ import annotations
 
@@ -211,9 +211,9 @@ def test_engine_throughput_compares_both_cores_and_splits_the_scheduled_time(cap
 
 @pytest.mark.slow
 def test_openvla_shaped_checkpoint_loads_in_both_engines(tmp_path):
-    ckpt = _bench('openvla_checkpoint')
+    ckpt = _bench('lib.checkpoints')
     baseline = _bench('baseline_node')
-    folder = ckpt.write_openvla_checkpoint(tmp_path / 'ckpt', shrink=True, num_shards=2)
+    folder = ckpt.write_openvla_folder(tmp_path / 'ckpt', tiny=True, num_shards=2)
     from vla_sched.model.loading.checkpoint import load_checkpoint
     from vla_sched.model.prompting.prompt import VLAPromptBuilder
 
@@ -224,20 +224,6 @@ def test_openvla_shaped_checkpoint_loads_in_both_engines(tmp_path):
     policy = baseline.GeneratePolicy(folder, device=torch.device('cpu'), dtype=torch.float32)
     actions = policy.predict_action(np.zeros((64, 64, 3), np.uint8), 'pick up the block')
     assert actions.shape == (1, 7) and np.all(np.isfinite(actions))
-
-
-@pytest.mark.slow
-def test_gpu_script_dry_run_reports_every_part_against_the_floor(tmp_path):
-    gpu = _bench('gpu_serving')
-    out = tmp_path / 'serving.md'
-    argv = ['--dry-run', '--skip-ros', '--workdir', str(tmp_path), '--out', str(out)]
-    assert gpu.main(argv) == 0
-    report = out.read_text()
-    assert report.startswith('# Serving on cpu (dry run, tiny)')
-    assert 'One robot step / floor:' in report
-    assert '| model | off | 4 |' in report and '| null | on | 1 |' in report
-    assert '| sglang |' in report and '| chunked |' in report
-    assert 'skipped (--skip-ros)' in report
 
 
 @pytest.mark.ros

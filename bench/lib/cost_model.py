@@ -1,38 +1,51 @@
-"""The cost model of OpenVLA-7B on one H200, its two calibrations and its physical bounds.
+"""The cost of serving OpenVLA on a device: model sizes, the floor of a step, the H200 cost
+model in its calibrations, and the physical bounds of robots per control period.
 
-``H200Measurements`` holds what ``bench/gpu_check.py`` measured on an NVIDIA H200 (two runs:
-``H200_RUN_A`` with decode as CUDA graphs, ``H200_RUN_B`` with prefill and the vision towers
-as CUDA graphs too; ``bench/results/gpu_check_h200_{a,b}.json``); ``openvla_7b_shape``
-counts openvla-7b's parameters and KV from its config alone (as ``bench/gpu_serving.py``'s
-floor counts them). From both, a ``HardwareCostModel`` (``vla_sched/testing/sim_runner.py``)
-in three calibrations:
-
-- ``hardware bound``: run A's rates at full use and no per-pass overhead (the floor's
-  assumptions: prefill 5.72 ms, decode step 3.19 ms for one robot).
-- ``as measured``: fitted to our runner's prefill and decode times for 1 and 16 robots in
-  run A: a fixed cost per pass plus the prefill FLOPs at a fitted share of the matmul rate,
-  and for decode the weights at the copy rate plus each request's KV at a fitted share of
-  it. Derived from a GPU run of the runner, not from a served run.
-- ``as measured, prefill graphs``: the same fit to run B.
-
-``physical_bounds`` gives, per cost model, the robot counts at which the device saturates.
+- ``ModelShape``: what a cost needs of an OpenVLA checkpoint (parameters, tokens, KV), counted
+  from its ``config.json`` alone (``openvla_shape``; ``openvla_7b_shape`` for the preset).
+- ``step_floor``: the floor of one robot's step at measured rates: a decode step streams the
+  decoder's weights (all but the gathered embedding table) at the copy bandwidth; a prefill
+  does its FLOPs (the decoder over the prompt, both towers and the projector over the
+  patches) at the matmul rate, or streams its weights, whichever is longer; a step is a
+  prefill plus a decode step per further action token.
+- ``H200Measurements``: what the prepared GPU run (``python -m bench.gpu_check``) measured on
+  an NVIDIA H200, runs A and B (their results JSON are in the git history). From them a
+  ``HardwareCostModel`` (``vla_sched/testing/sim_runner.py``) in three calibrations:
+  ``hardware bound`` (run A's rates at full use, no per-pass overhead: the floor's
+  assumptions), ``as measured`` (fitted to our runner's prefill and decode times for 1 and 16
+  robots in run A: a fixed cost per pass plus the prefill FLOPs at a fitted share of the
+  matmul rate, and for decode the weights at the copy rate plus each request's KV at a
+  fitted share of it) and ``as measured, prefill graphs`` (the same fit to run B).
+- ``physical_bounds``: per cost model, the robot counts at which the device saturates.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
 
 from vla_sched.testing.sim_runner import HardwareCostModel
 
 NS_PER_S = 1_000_000_000
-OPENVLA_TEXT_TOKENS = 23  # OpenVLA's prompt around a short instruction, as the floor counts
+OPENVLA_TEXT_TOKENS = 23  # OpenVLA's prompt around a short instruction, after the image
 OPENVLA_ACTION_TOKENS = 7  # one per action dimension: x, y, z, roll, pitch, yaw, gripper
+
+
+class DeviceRates(Protocol):
+    """A device's measured rates: device-to-device copy (reads + writes) and matmul."""
+
+    @property
+    def copy_gb_per_s(self) -> float: ...
+
+    @property
+    def matmul_tflops(self) -> float: ...
 
 
 @dataclass(frozen=True, slots=True)
 class H200Measurements:
-    """Measured on an NVIDIA H200 (torch 2.11, CUDA 13.0) by ``bench/gpu_check.py``:
+    """Measured on an NVIDIA H200 (torch 2.11, CUDA 13.0) by the prepared GPU run:
     openvla-7b with random bf16 weights; (robots, ms) pairs. Prefill includes both vision
     towers and the projector (280 tokens per robot); "runner" is our model runner with CUDA
     graphs (``run`` says which), "generate" transformers' ``generate``. The defaults are
@@ -73,6 +86,9 @@ CALIBRATIONS: dict[str, tuple[H200Measurements, bool]] = {
 }
 
 
+# --- the model's sizes ----------------------------------------------------------------------
+
+
 @dataclass(frozen=True, slots=True)
 class ModelShape:
     """What the cost model needs of a checkpoint."""
@@ -98,25 +114,24 @@ class ModelShape:
         return 2.0 * self.vision_params * self.num_image_tokens
 
     @property
+    def prefill_flops(self) -> float:
+        """One robot's prefill: the decoder over the prompt, the vision towers over its image."""
+        return self.prompt_len * self.decoder_flops_per_token + self.vision_flops_per_image
+
+    @property
     def step_flops(self) -> float:
         """One robot step: the prompt's prefill with the vision towers, then the decode of
         every action token but the first (the prefill samples it)."""
-        tokens = self.prompt_len + self.num_action_tokens - 1
-        return tokens * self.decoder_flops_per_token + self.vision_flops_per_image
+        return self.prefill_flops + (self.num_action_tokens - 1) * self.decoder_flops_per_token
 
 
-def openvla_7b_shape() -> ModelShape:
-    """openvla-7b's sizes from its config alone (``vla_sched.model.config.presets``)."""
-    from vla_sched.model.config.architecture import DecoderSpec
-    from vla_sched.model.config.openvla import openvla_text_config
-    from vla_sched.model.config.openvla_towers import openvla_vision_spec
-    from vla_sched.model.config.presets import openvla_config
+def openvla_shape(config: dict[str, Any], *, bytes_per_param: int = 2) -> ModelShape:
+    """The sizes of the OpenVLA checkpoint whose ``config.json`` is ``config``."""
+    from vla_sched.model.config.openvla import openvla_architecture
     from vla_sched.model.loading.weights import decoder_shapes
     from vla_sched.testing.openvla_writer import openvla_tensor_shapes
 
-    config = openvla_config('fused', tiny=False)
-    decoder = DecoderSpec.from_hf_config(openvla_text_config(config))
-    vision = openvla_vision_spec(config, text_hidden_size=decoder.hidden_size)
+    _, decoder, vision = openvla_architecture(config)
     decoder_params = sum(
         math.prod(s) for k, s in decoder_shapes(decoder).items() if 'embed_tokens' not in k
     )
@@ -125,21 +140,70 @@ def openvla_7b_shape() -> ModelShape:
         for k, s in openvla_tensor_shapes(config).items()
         if k.startswith(('vision_backbone.', 'projector.')) and '.attn_pool.' not in k
     )
-    tower = vision.towers[0]
+    kv_elements_per_token = 2 * decoder.num_layers * decoder.num_kv_heads * decoder.head_dim
     return ModelShape(
         decoder_params=decoder_params,
         vision_params=vision_params,
-        num_image_tokens=(tower.image_size // tower.patch_size) ** 2,
+        num_image_tokens=vision.num_image_tokens,
         num_text_tokens=OPENVLA_TEXT_TOKENS,
         num_action_tokens=OPENVLA_ACTION_TOKENS,
-        kv_bytes_per_token=2 * decoder.num_layers * decoder.num_kv_heads * decoder.head_dim * 2,
+        kv_bytes_per_token=kv_elements_per_token * bytes_per_param,
+        bytes_per_param=bytes_per_param,
+    )
+
+
+def openvla_7b_shape() -> ModelShape:
+    """openvla-7b's sizes in bfloat16, from its config alone (``presets.openvla_config``)."""
+    from vla_sched.model.config.presets import openvla_config
+
+    return openvla_shape(openvla_config('fused', tiny=False))
+
+
+def checkpoint_shape(folder: str | Path, *, bytes_per_param: int) -> ModelShape:
+    """The sizes of the OpenVLA checkpoint in ``folder``, from its ``config.json``."""
+    from vla_sched.model.config.checkpoint_spec import CONFIG_FILE, read_json
+
+    return openvla_shape(read_json(Path(folder) / CONFIG_FILE), bytes_per_param=bytes_per_param)
+
+
+# --- the floor ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Floor:
+    """Measured device rates and the floor of one robot's control step (milliseconds)."""
+
+    copy_gb_per_s: float
+    matmul_tflops: float
+    decoder_weight_gb: float
+    prefill_tflop: float
+    prefill_ms: float
+    decode_ms: float
+    step_ms: float
+
+
+def step_floor(shape: ModelShape, rates: DeviceRates) -> Floor:
+    """The floor of one robot's step of ``shape`` at ``rates`` (see the module doc)."""
+    copy_bps = rates.copy_gb_per_s * 1e9
+    decoder_bytes = shape.decoder_params * shape.bytes_per_param
+    weight_s = (shape.decoder_params + shape.vision_params) * shape.bytes_per_param / copy_bps
+    prefill_s = max(shape.prefill_flops / (rates.matmul_tflops * 1e12), weight_s)
+    decode_s = decoder_bytes / copy_bps
+    return Floor(
+        copy_gb_per_s=rates.copy_gb_per_s,
+        matmul_tflops=rates.matmul_tflops,
+        decoder_weight_gb=decoder_bytes / 1e9,
+        prefill_tflop=shape.prefill_flops / 1e12,
+        prefill_ms=prefill_s * 1e3,
+        decode_ms=decode_s * 1e3,
+        step_ms=(prefill_s + (shape.num_action_tokens - 1) * decode_s) * 1e3,
     )
 
 
 # --- the two calibrations -------------------------------------------------------------------
 
 
-def _cost(shape: ModelShape, hw: H200Measurements, **fitted: float) -> HardwareCostModel:
+def _cost(shape: ModelShape, hw: DeviceRates, **fitted: float) -> HardwareCostModel:
     return HardwareCostModel(
         decoder_flops_per_token=shape.decoder_flops_per_token,
         vision_flops_per_image=shape.vision_flops_per_image,
@@ -152,7 +216,7 @@ def _cost(shape: ModelShape, hw: H200Measurements, **fitted: float) -> HardwareC
     )
 
 
-def hardware_bound_cost(shape: ModelShape, hw: H200Measurements) -> HardwareCostModel:
+def hardware_bound_cost(shape: ModelShape, hw: DeviceRates) -> HardwareCostModel:
     """The measured rates at full use and no per-pass overhead (the floor's assumptions)."""
     return _cost(shape, hw)
 

@@ -1,0 +1,84 @@
+"""The parts of the prepared GPU run, in order, and what a part knows when it runs."""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class Part:
+    """One part: its limit at the default budget and whether it reads the checkpoint."""
+
+    name: str
+    limit_s: float
+    needs_checkpoint: bool = False
+
+
+DEFAULT_BUDGET_S = 450.0
+PARTS = (
+    Part('environment', 25),
+    Part('kernels', 75),
+    Part('checkpoint', 55),
+    Part('model', 100),
+    Part('engine_core', 45, needs_checkpoint=True),
+    Part('serving', 95, needs_checkpoint=True),
+    Part('scheduler', 55, needs_checkpoint=True),
+)
+PART_NAMES = tuple(p.name for p in PARTS)
+
+
+@dataclass(frozen=True, slots=True)
+class PartContext:
+    """What a part knows: the mode, the work dir and the results of the parts before it."""
+
+    dry_run: bool
+    workdir: Path
+    prior: dict[str, Any]
+
+    @property
+    def device(self) -> str:
+        return 'cpu' if self.dry_run else 'cuda'
+
+    @property
+    def dtype(self):
+        """float32 in the dry run (the Triton interpreter runs fp32 only), else bfloat16."""
+        import torch
+
+        return torch.float32 if self.dry_run else torch.bfloat16
+
+    def require_cuda(self) -> None:
+        import torch
+
+        if not self.dry_run and not torch.cuda.is_available():
+            raise RuntimeError('no CUDA device (use --dry-run on a CPU)')
+
+    def data(self, part: str) -> dict[str, Any]:
+        """What ``part`` found, if it ended ok (else nothing)."""
+        entry = self.prior.get(part, {})
+        return entry.get('data', {}) if entry.get('status') == 'ok' else {}
+
+    def rates(self):
+        """The environment part's copy bandwidth and matmul rate (None without them)."""
+        from bench.lib.device_timing import MeasuredRates
+
+        env = self.data('environment')
+        if not env:
+            return None
+        return MeasuredRates(env['copy_gb_per_s'], env['matmul_tflops'], env['matmul_dtype'])
+
+    def folder(self) -> Path:
+        folder = self.data('checkpoint').get('folder')
+        if not folder:
+            raise RuntimeError('no checkpoint folder: the checkpoint part did not end ok')
+        return Path(folder)
+
+
+def part_module(name: str):
+    """The module of part ``name``: ``run(ctx)`` gives its data, ``section(data)`` its report
+    lines; imported only in the part's own process (its imports are the part's)."""
+    if name not in PART_NAMES:
+        raise ValueError(f'unknown part {name!r}; one of {PART_NAMES}')
+    return importlib.import_module(f'bench.gpu_check.{name}')
