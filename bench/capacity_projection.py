@@ -4,9 +4,11 @@ A projection, not a measurement: no GPU served these robots. The real ``Schedule
 the settings the engine derives from its ``EngineConfig``) drives the simulated runner whose
 passes take the durations of a ``HardwareCostModel`` built from openvla-7b's sizes and rates
 measured on an NVIDIA H200 (``bench.lib.cost_model``); a one-request-at-a-time server
-(the baseline's way) runs under the same cost model (``bench/sim_robot_servers.py``).
-Robots at 10 Hz behave as the node's robots do; the criteria and the stepping are the
-control loop's (``bench/capacity.py``), the counts between the last pass and the next
+(the baseline's way) runs under the same cost model (``bench.lib.simulation``). Each step is
+OpenVLA's prompt as the engine's step translator builds it (the tiny OpenVLA folder has the
+7B's layout: BOS, 256 image tokens, the instruction, 7 action tokens). Robots at 10 Hz
+behave as the node's robots do (``bench.lib.fleets``); the criteria and the stepping are the
+control loop's (``bench.lib.capacity``), the counts between the last pass and the next
 failure refined one by one. Latency is image stamp to the step's end on the engine's clock
 (no ROS, no transport).
 
@@ -35,6 +37,7 @@ import dataclasses
 import json
 import math
 import sys
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,7 +45,7 @@ from typing import Any
 
 import torch
 
-from bench.capacity import (
+from bench.lib.capacity import (
     CapacityCriteria,
     CapacityMeasure,
     CapacitySearch,
@@ -51,6 +54,7 @@ from bench.capacity import (
     search_capacity,
     steps_table,
 )
+from bench.lib.checkpoints import write_openvla_folder
 from bench.lib.cost_model import (
     CALIBRATIONS,
     Bounds,
@@ -61,11 +65,15 @@ from bench.lib.cost_model import (
     openvla_7b_shape,
     physical_bounds,
 )
-from bench.sim_robot_servers import FleetTiming, OneAtATimeServer, ScheduledServer, serve_robots
+from bench.lib.fleets import FleetTiming
+from bench.lib.simulation import OneAtATimeServer, SimServer, SimulatedEngine, serve_robots
 from vla_sched.engine.config import EngineConfig
+from vla_sched.engine.scheduled_core import scheduler_config_for
+from vla_sched.engine.step_translator import StepTranslator
 from vla_sched.testing.sim_runner import HardwareCostModel
 
 ONE_AT_A_TIME = 'one-at-a-time'
+PHASES_IN_WORDS = {'aligned': 'all at once', 'random': 'at random phases', 'spread': 'spread'}
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,12 +119,46 @@ class Projection:
         }
 
 
+def openvla_translator(workdir: Path) -> StepTranslator:
+    """The engine's step translator for OpenVLA's prompts: of a tiny OpenVLA folder written
+    into ``workdir`` (its prompt layout is the 7B's; the cost model has the 7B's sizes)."""
+    folder = write_openvla_folder(workdir / 'openvla-tiny', tiny=True, num_shards=1)
+    return StepTranslator.from_checkpoint(folder, EngineConfig())
+
+
+def projection_servers(
+    plan: ProjectionPlan, cost: HardwareCostModel, shape: ModelShape, translator: StepTranslator
+) -> list[tuple[str, Callable[[], SimServer]]]:
+    """Each server under test, labelled: the engine's scheduler with its GPU settings per
+    chunk size (and again with mixed passes, which the engine turns on on the CPU only),
+    then one step at a time."""
+
+    def scheduled(chunk: int, *, mixed: bool) -> Callable[[], SimServer]:
+        engine = EngineConfig(chunked_prefill_size=chunk, kv_pool_tokens=plan.kv_pool_tokens)
+        config = scheduler_config_for(engine, 'cuda')
+        if mixed:
+            config = dataclasses.replace(config, enable_mixed_chunk=True)
+        return lambda: SimulatedEngine.for_engine(
+            engine, cost, translator, host_overhead_us=plan.host_overhead_us, config=config
+        )
+
+    servers = [(f'vla_sched, chunk {c}', scheduled(c, mixed=False)) for c in plan.chunk_sizes]
+    servers += [
+        (f'vla_sched, chunk {c}, mixed passes', scheduled(c, mixed=True))
+        for c in plan.mixed_chunk_sizes
+    ]
+    step_ns = round(one_at_a_time_step_ns(cost, shape))
+    servers.append((ONE_AT_A_TIME, lambda: OneAtATimeServer(step_ns)))
+    return servers
+
+
 def project(
     calibration: str,
     plan: ProjectionPlan,
     *,
     shape: ModelShape,
     criteria: CapacityCriteria,
+    translator: StepTranslator,
     hw: H200Measurements | None = None,
     progress: Callable[[str], None] = print,
 ) -> Projection:
@@ -124,29 +166,12 @@ def project(
     the calibration's own measurements unless ``hw`` is given."""
     hw = hw or CALIBRATIONS[calibration][0]
     cost = calibrated_cost(calibration, shape, hw)
-    servers: list[tuple[str, Callable[[int], Any]]] = []
-    for chunk in plan.chunk_sizes:
-        engine = EngineConfig(chunked_prefill_size=chunk, kv_pool_tokens=plan.kv_pool_tokens)
-
-        def scheduled(n: int, engine: EngineConfig = engine) -> ScheduledServer:
-            return ScheduledServer(engine, cost, shape, n, host_overhead_us=plan.host_overhead_us)
-
-        servers.append((f'vla_sched, chunk {chunk}', scheduled))
-    for chunk in plan.mixed_chunk_sizes:
-        engine = EngineConfig(chunked_prefill_size=chunk, kv_pool_tokens=plan.kv_pool_tokens)
-
-        def mixed(n: int, engine: EngineConfig = engine) -> ScheduledServer:
-            return ScheduledServer(
-                engine, cost, shape, n, host_overhead_us=plan.host_overhead_us, mixed=True
-            )
-
-        servers.append((f'vla_sched, chunk {chunk}, mixed passes', mixed))
-    servers.append((ONE_AT_A_TIME, lambda n: OneAtATimeServer(cost, shape)))
+    servers = projection_servers(plan, cost, shape, translator)
     searches = []
     for label, make in servers:
 
-        def measure(n: int, make: Callable[[int], Any] = make) -> CapacityMeasure:
-            return serve_robots(make(n), n, plan.timing)
+        def measure(n: int, make: Callable[[], SimServer] = make) -> CapacityMeasure:
+            return serve_robots(make(), n, plan.timing)
 
         searches.append(
             search_capacity(
@@ -203,7 +228,7 @@ def markdown(
         f'{hz:.0f} Hz served with {criteria.describe()}; the real scheduler over the simulated '
         'runner, and a one-request-at-a-time server, under the same cost model; '
         f'{plan.timing.duration_s:g} s of images judged after {plan.timing.warmup_s:g} s, '
-        f'cameras {"all at once" if plan.timing.aligned else "at random phases"}, '
+        f'cameras {PHASES_IN_WORDS[plan.timing.phases]}, '
         f'{plan.host_overhead_us:g} us of host work per scheduler iteration.',
         '',
         f'openvla-7b: decoder {shape.decoder_params / 1e9:.2f} B parameters, vision towers and '
@@ -272,11 +297,16 @@ def run(
     criteria = criteria or CapacityCriteria()
     shape = openvla_7b_shape()
     projections = []
-    for name in calibrations:
-        print(f'{name}:', flush=True)
-        projections.append(
-            project(name, plan, shape=shape, criteria=criteria, hw=hw, progress=_say)
-        )
+    with tempfile.TemporaryDirectory(prefix='vla_projection_') as tmp:
+        translator = openvla_translator(Path(tmp))
+        for name in calibrations:
+            print(f'{name}:', flush=True)
+            projections.append(
+                project(
+                    name, plan, shape=shape, criteria=criteria, translator=translator, hw=hw,
+                    progress=_say,
+                )
+            )  # fmt: skip
     report = markdown(projections, plan, shape, criteria)
     print()
     print(report)
@@ -332,7 +362,7 @@ def plan_from_args(args: argparse.Namespace) -> ProjectionPlan:
         warmup_s=args.warmup,
         duration_s=args.duration,
         seed=args.seed,
-        aligned=args.aligned,
+        phases='aligned' if args.aligned else 'random',
     )
     return dataclasses.replace(
         base,

@@ -1,21 +1,22 @@
 """The H200 cost model (bench.lib.cost_model: the floor, the calibrations, the bounds) and
-the capacity projection (bench.capacity_projection) in tiny runs: the robots' rules on the
-simulated servers, the report."""
+the capacity projection (bench.capacity_projection) in tiny runs: its servers on the shared
+simulator, the report."""
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import json
 
 import pytest
 import torch
 
+from bench import capacity_projection
 from bench.lib import cost_model
-
-
-def _bench(name: str):
-    return importlib.import_module(f'bench.{name}')
+from bench.lib.capacity import CapacityCriteria
+from bench.lib.fleets import FleetTiming
+from bench.lib.simulation import OneAtATimeServer, serve_robots
+from vla_sched.engine.config import EngineConfig
+from vla_sched.engine.scheduled_core import scheduler_config_for
 
 
 @pytest.fixture(scope='module')
@@ -95,43 +96,49 @@ def test_the_pass_bound_lies_below_the_flop_ceiling_and_fills_the_period(shape):
         assert bounds.one_at_a_time_bound < bounds.pass_bound
 
 
-def test_robots_wait_for_their_step_in_flight_and_are_judged_on_the_windows_images(shape):
-    servers = _bench('sim_robot_servers')
+def test_one_at_a_time_robots_wait_for_their_step_in_flight_and_are_judged_on_the_window(
+    shape,
+):
     cost = cost_model.hardware_bound_cost(shape, cost_model.H200Measurements())
-    step_ms = cost_model.one_at_a_time_step_ns(cost, shape) / 1e6
-    timing = servers.FleetTiming(warmup_s=0.2, duration_s=1.0)
-    one = servers.serve_robots(servers.OneAtATimeServer(cost, shape), 1, timing)
+    step_ns = round(cost_model.one_at_a_time_step_ns(cost, shape))
+    timing = FleetTiming(warmup_s=0.2, duration_s=1.0)
+    one = serve_robots(OneAtATimeServer(step_ns), 1, timing)
     assert one.rate_share == 1.0 and one.on_time_share == 1.0
-    assert one.latency_ms_p50 == pytest.approx(step_ms, abs=1e-3)
-    many = servers.serve_robots(servers.OneAtATimeServer(cost, shape), 8, timing)
+    assert one.latency_ms_p50 == pytest.approx(step_ns / 1e6, abs=1e-3)
+    many = serve_robots(OneAtATimeServer(step_ns), 8, timing)
     assert many.rate_share < 0.7  # 8 steps of 25 ms do not fit a 100 ms period
     assert many.on_time_share == 1.0  # the robots' images wait instead: latency stays bounded
     assert many.latency_ms_p99 > 100
 
 
-def test_the_projection_uses_the_scheduler_settings_the_engine_derives():
-    from vla_sched.engine.config import EngineConfig
-    from vla_sched.engine.scheduled_core import ScheduledCore, scheduler_config_for
+@pytest.fixture(scope='module')
+def translator(tmp_path_factory):
+    return capacity_projection.openvla_translator(tmp_path_factory.mktemp('projection'))
 
-    servers = _bench('sim_robot_servers')
-    config = EngineConfig(
-        kv_pool_tokens=1024,
-        chunked_prefill_size=100,
-        enable_overlap=False,
-        prefill_decode_interval=0,
-        enable_prefill_delayer=False,
+
+def test_the_projection_serves_openvla_prompts_with_the_engines_gpu_settings(shape, translator):
+    plan = _tiny_plan()
+    cost = cost_model.hardware_bound_cost(shape, cost_model.H200_RUN_A)
+    servers = dict(capacity_projection.projection_servers(plan, cost, shape, translator))
+    engine = EngineConfig(chunked_prefill_size=8192, kv_pool_tokens=plan.kv_pool_tokens)
+    gpu = scheduler_config_for(engine, 'cuda')
+    assert servers['vla_sched, chunk 8192']().scheduler.config == gpu
+    mixed = servers['vla_sched, chunk 8192, mixed passes']().scheduler.config
+    assert (
+        mixed == dataclasses.replace(gpu, enable_mixed_chunk=True) and not gpu.enable_mixed_chunk
     )
-    core = ScheduledCore.from_config(config)  # on the CPU
-    assert servers.engine_scheduler_config(config, 'cpu') == core.scheduler.config
-    for device in ('cpu', 'cuda'):
-        ours = servers.engine_scheduler_config(config, device)
-        assert ours == scheduler_config_for(config, device)
-    assert servers.engine_scheduler_config(EngineConfig(), 'cpu') != core.scheduler.config
+    spec = translator.spec
+    assert (spec.num_image_tokens, spec.num_action_tokens) == (
+        shape.num_image_tokens,
+        shape.num_action_tokens,
+    )
+    one = servers['one-at-a-time']()
+    assert one.step_ns == round(cost_model.one_at_a_time_step_ns(cost, shape))
 
 
-def _tiny_plan(projection, max_robots: int = 4, *, duration_s: float = 0.6):
-    return projection.ProjectionPlan(
-        timing=_bench('sim_robot_servers').FleetTiming(warmup_s=0.5, duration_s=duration_s),
+def _tiny_plan(max_robots: int = 4, *, duration_s: float = 0.6):
+    return capacity_projection.ProjectionPlan(
+        timing=FleetTiming(warmup_s=0.5, duration_s=duration_s),
         max_robots=max_robots,
         chunk_sizes=(8192,),
     )
@@ -139,7 +146,7 @@ def _tiny_plan(projection, max_robots: int = 4, *, duration_s: float = 0.6):
 
 def _check_within_bounds(p) -> None:
     """Capacities within their bounds, up to the criteria's slack (99% of the rate passes)."""
-    slack = _bench('capacity').CapacityCriteria().min_rate_share
+    slack = CapacityCriteria().min_rate_share
     assert [s.system for s in p.searches] == [
         'vla_sched, chunk 8192',
         'vla_sched, chunk 8192, mixed passes',
@@ -156,15 +163,13 @@ def _check_within_bounds(p) -> None:
 
 
 @pytest.mark.slow
-def test_the_projection_on_a_slow_device_stops_at_its_bound(shape):
-    projection = _bench('capacity_projection')
+def test_the_projection_on_a_slow_device_stops_at_its_bound(shape, translator):
     # 120 TFLOP/s: the bounds fall to a few robots, so the search meets them; the window
     # is long enough for a backlog of a few percent to cost images
     hw = dataclasses.replace(cost_model.H200Measurements(), matmul_tflops=120.0)
-    criteria = _bench('capacity').CapacityCriteria()
-    p = projection.project(
-        'hardware bound', _tiny_plan(projection, duration_s=3.0), shape=shape,
-        criteria=criteria, hw=hw, progress=lambda line: None,
+    p = capacity_projection.project(
+        'hardware bound', _tiny_plan(duration_s=3.0), shape=shape, criteria=CapacityCriteria(),
+        translator=translator, hw=hw, progress=lambda line: None,
     )  # fmt: skip
     assert p.bounds.pass_bound < 4
     _check_within_bounds(p)
@@ -174,10 +179,9 @@ def test_the_projection_on_a_slow_device_stops_at_its_bound(shape):
 
 @pytest.mark.slow
 def test_a_tiny_projection_writes_each_servers_capacity_and_the_bounds(tmp_path):
-    projection = _bench('capacity_projection')
     out, md = tmp_path / 'projection.json', tmp_path / 'projection.md'
-    results = projection.run(
-        _tiny_plan(projection, max_robots=3), ('as measured',), json_path=str(out),
+    results = capacity_projection.run(
+        _tiny_plan(max_robots=3), ('as measured',), json_path=str(out),
         markdown_path=str(md),
     )  # fmt: skip
     assert [p.calibration for p in results] == ['as measured']
