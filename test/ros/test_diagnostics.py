@@ -88,12 +88,14 @@ def _robot(**overrides) -> RobotView:
         num_chunks=100,
         num_deadline_misses=1,
         num_superseded=7,
+        num_chunks_all_past=2,
         num_refused_window=0,
         refused_by_reason={'deadline_missed': 1},
         last_error='',
         last_error_age_s=NAN,
         since_last_chunk_s=0.05,
         silent_s=0.1,
+        state_age_s=0.02,
         seen_image=True,
     )
     fields.update(overrides)
@@ -250,11 +252,33 @@ def test_healthy_robot_is_ok_with_every_key_and_a_unique_hardware_id():
     assert values['time since last chunk (s)'] == '0.05'
     assert values[k.E2E_P50_KEY] == '40.0' and values[k.E2E_P99_KEY] == '80.0'
     assert values['deadline misses'] == '1' and values['superseded observations'] == '7'
+    assert values[k.STATE_AGE_KEY] == '0.02' and values[k.ALL_PAST_KEY] == '2'
+    assert values['refused: stale_state'] == '0'
     # what only the engine knows about the robot
     assert values['cached session prefix tokens'] == '40' and values['retracts'] == '3'
     assert values[k.TTFT_P50_KEY] == '21.50'
     assert values[k.ITL_P50_KEY] == '2.25' and values[k.ITL_P99_KEY] == '6.50'
     assert values['last error'] == 'n/a' and values['time since last error (s)'] == 'n/a'
+
+
+def test_a_robot_refused_for_a_stale_state_warns_with_the_cause_first():
+    data = _rob(
+        _robot(
+            num_refused_window=3,
+            refused_by_reason={'stale_state': 3},
+            last_error='stale_state: joint state is 2.000 s old',
+            last_error_age_s=0.1,
+            state_age_s=2.0,
+        )
+    )
+    assert data.level == d.WARN
+    assert data.message.startswith('stale_state: joint state is 2.000 s old (3 refused')
+    values = dict(data.values)
+    assert values['refused: stale_state'] == '3' and values[k.STATE_AGE_KEY] == '2.00'
+
+
+def test_a_robot_without_a_state_shows_no_state_age():
+    assert dict(_rob(_robot(state_age_s=NAN)).values)[k.STATE_AGE_KEY] == 'n/a'
 
 
 def test_silent_robot_is_error():

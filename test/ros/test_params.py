@@ -155,6 +155,19 @@ def test_the_params_file_builds_a_valid_config_and_engine_settings():
             {'robot_id': 'a', 'publish_joint_trajectory': True, 'action_space': 'joint_position'},
             'needs action_joint_names',
         ),
+        (
+            {'robot_id': 'a', 'publish_twist': True, 'action_space': 'joint_position'},
+            r'robots\.a\.publish_twist needs action_space ee_delta',
+        ),
+        (
+            {'robot_id': 'a', 'publish_gripper': True, 'action_space': 'joint_delta'},
+            r'robots\.a\.publish_gripper needs action_space ee_delta',
+        ),
+        ({'robot_id': 'a', 'joint_trajectory_start': 'later'}, 'robots.a.joint_trajectory_start'),
+        (
+            {'robot_id': 'a', 'max_state_age_s': -0.1},
+            r'robots\.a\.max_state_age_s must be in \[0\.0, 60',
+        ),
     ],
 )
 def test_bad_robot_settings_are_refused_by_name(fields, message):
@@ -213,6 +226,8 @@ def test_every_parameter_reaches_its_field_of_the_config():
     values['robots.robot_0.state_joint_names'] = ('j0',)
     values['robots.robot_0.action_joint_names'] = ('a0',)
     values['robots.robot_0.action_space'] = 'joint_position'  # publish_joint_trajectory is on
+    for name in EE_DELTA_OUTPUTS:  # they need ee_delta: reached on their own below
+        values[f'robots.robot_0.{name}'] = False
     config = parameters.config_from_values(values)
     for holder in (config, config.engine, config.link, config.diagnostics):
         for setting in settings_of(type(holder)):
@@ -221,6 +236,13 @@ def test_every_parameter_reaches_its_field_of_the_config():
     robot = config.robot('robot_0')
     for setting in settings_of(RobotConfig):
         assert getattr(robot, setting.name) == values[f'robots.robot_0.{setting.name}']
+    values = _default_values()
+    values.update({f'robots.robot_0.{name}': True for name in EE_DELTA_OUTPUTS})
+    robot = parameters.config_from_values(values).robot('robot_0')
+    assert all(getattr(robot, name) is True for name in EE_DELTA_OUTPUTS)
+
+
+EE_DELTA_OUTPUTS = ('publish_twist', 'publish_gripper')
 
 
 def test_inconsistent_engine_parameters_fail_as_config_errors_naming_them():
@@ -235,6 +257,15 @@ def test_action_names_default_to_ee_delta_names_and_must_match_the_checkpoint():
     assert RobotConfig('a', action_space='joint_delta').action_names(2) == ('a0', 'a1')
     with pytest.raises(ConfigError, match='has 1 names but the checkpoint returns 7'):
         RobotConfig('a', action_joint_names=('j',)).action_names(7)
+
+
+def test_the_arms_outputs_need_their_columns_of_the_actions():
+    assert RobotConfig('a', publish_twist=True).action_names(6) == tuple(f'a{j}' for j in range(6))
+    with pytest.raises(ConfigError, match=r'publish_twist needs at least 6 values .* returns 5'):
+        RobotConfig('a', publish_twist=True).action_names(5)
+    assert RobotConfig('a', publish_gripper=True).action_names(7)[6] == 'gripper'
+    with pytest.raises(ConfigError, match=r'publish_gripper needs the gripper in column 6'):
+        RobotConfig('a', publish_gripper=True).action_names(6)
 
 
 def test_check_value_normalises_lists_and_refuses_wrong_types_and_ranges():

@@ -9,7 +9,13 @@ import pytest
 
 from vla_sched.ipc.messages import FailureReason, StepFailure, StepRequest, StepResult
 from vla_sched.ros.node_config import RobotConfig
-from vla_sched.ros.robot_slot import Observation, Refusal, RobotSlot, stamp_problem
+from vla_sched.ros.robot_slot import (
+    Observation,
+    Refusal,
+    RobotSlot,
+    stale_state_problem,
+    stamp_problem,
+)
 from vla_sched.ros.text_bounds import MAX_DETAIL_CHARS
 from vla_sched.ros.windows import CountingThrottle
 
@@ -156,7 +162,7 @@ def test_state_is_required_when_the_checkpoint_takes_it():
     refusal = _take(slot, 1, num_state=2)
     assert isinstance(refusal, Refusal) and refusal.reason is FailureReason.INVALID_STATE
     assert 'no joint_states' in refusal.detail
-    slot.set_state(np.array([0.5, -0.5], np.float32))
+    slot.set_state(np.array([0.5, -0.5], np.float32), stamp_ns=150 * MS)
     slot.offer_image(_obs(200 * MS))
     step = _take(slot, 200 * MS, num_state=2)
     assert isinstance(step, StepRequest)
@@ -169,11 +175,78 @@ def test_state_is_required_when_the_checkpoint_takes_it():
 
 def test_state_name_count_must_match_the_checkpoint():
     slot = _slot(state_joint_names=('a',))
-    slot.set_state(np.zeros(1, np.float32))
+    slot.set_state(np.zeros(1, np.float32), stamp_ns=1)
     slot.offer_image(_obs(0))
     refusal = _take(slot, 1, num_state=7)
     assert isinstance(refusal, Refusal)
     assert 'takes 7 state values but state_joint_names has 1' in refusal.detail
+
+
+def _stale(state_ns: int, image_ns: int, now_ns: int, **limits) -> str | None:
+    config = RobotConfig('r1', **limits)
+    return stale_state_problem(state_ns, image_stamp_ns=image_ns, now_ns=now_ns, config=config)
+
+
+def test_a_state_older_than_its_limit_is_stale_naming_the_setting():
+    limits = {'max_state_age_s': 0.5, 'max_state_image_skew_s': 0.0}
+    assert _stale(1 * S, 1 * S, 1 * S + 500 * MS, **limits) is None  # at the limit: fresh
+    problem = _stale(1 * S, 1 * S, 1 * S + 501 * MS, **limits)
+    assert 'joint state is 0.501 s old' in problem
+    assert 'robots.r1.max_state_age_s = 0.5 s' in problem
+
+
+def test_a_state_stamped_far_from_its_image_is_stale_either_way():
+    limits = {'max_state_age_s': 0.0, 'max_state_image_skew_s': 0.1}
+    assert _stale(1 * S, 1 * S + 100 * MS, 2 * S, **limits) is None
+    before = _stale(1 * S, 1 * S + 101 * MS, 2 * S, **limits)
+    assert 'stamped 0.101 s before the image' in before
+    assert 'robots.r1.max_state_image_skew_s = 0.1 s' in before
+    after = _stale(1 * S + 250 * MS, 1 * S, 2 * S, **limits)
+    assert 'stamped 0.250 s after the image' in after
+
+
+def test_a_zero_state_stamp_is_stale_unless_both_checks_are_off():
+    assert 'header.stamp is zero' in _stale(0, 1 * S, 1 * S)
+    assert _stale(0, 1 * S, 1 * S, max_state_age_s=0.0, max_state_image_skew_s=0.0) is None
+    # either limit alone still needs to know when the state was measured
+    assert _stale(0, 1 * S, 1 * S, max_state_age_s=0.0) is not None
+
+
+def test_a_step_with_a_stale_state_is_refused_with_its_own_reason():
+    slot = _slot(state_joint_names=('a', 'b'), max_state_age_s=0.2)
+    slot.set_state(np.array([0.5, -0.5], np.float32), stamp_ns=1 * S)
+    slot.offer_image(_obs(1 * S + 100 * MS))
+    step = _take(slot, 1 * S + 150 * MS, num_state=2)
+    assert isinstance(step, StepRequest)
+    np.testing.assert_array_equal(step.state, [0.5, -0.5])
+    # joint_states stops: the next step is refused, never sent with the old state
+    slot.offer_image(_obs(1 * S + 300 * MS))
+    refusal = _take(slot, 1 * S + 300 * MS, num_state=2)
+    assert isinstance(refusal, Refusal) and refusal.reason is FailureReason.STALE_STATE
+    assert 'joint state is 0.300 s old' in refusal.detail
+    view = slot.view(1 * S + 300 * MS)
+    assert view.refused_by_reason == {'stale_state': 1}
+    assert view.last_error.startswith('stale_state: joint state is 0.300 s old')
+    assert view.state_age_s == pytest.approx(0.3)
+    # a fresh state serves again
+    slot.set_state(np.array([0.1, 0.2], np.float32), stamp_ns=1 * S + 390 * MS)
+    slot.offer_image(_obs(1 * S + 400 * MS))
+    assert isinstance(_take(slot, 1 * S + 400 * MS, num_state=2), StepRequest)
+
+
+def test_state_age_is_not_reported_for_a_robot_without_state_joints():
+    slot = _slot()
+    assert math.isnan(slot.view(1 * S).state_age_s)
+    with_joints = _slot(state_joint_names=('a',))
+    assert math.isnan(with_joints.view(1 * S).state_age_s)  # no state yet
+    with_joints.set_state(np.zeros(1, np.float32), stamp_ns=1 * S)
+    assert with_joints.view(1 * S + 250 * MS).state_age_s == pytest.approx(0.25)
+
+
+def test_a_robot_without_state_joints_is_never_refused_for_its_state():
+    slot = _slot(max_state_age_s=0.001)
+    slot.offer_image(_obs(1 * S))
+    assert isinstance(_take(slot, 1 * S + 100 * MS, num_state=0), StepRequest)
 
 
 def test_step_seq_counts_only_sent_steps():

@@ -43,6 +43,8 @@ BAD_FRAMES_FROM_ENGINE_KEY = 'bad frames from the engine'
 BAD_FRAMES_FROM_NODE_KEY = 'bad frames from the node'
 E2E_P50_KEY = f'latency (image stamp to publish) p50 over last {LATENCY_WINDOW_CHUNKS} chunks (ms)'
 E2E_P99_KEY = E2E_P50_KEY.replace(' p50 ', ' p99 ')
+STATE_AGE_KEY = 'joint state age (s)'
+ALL_PAST_KEY = 'chunks with no action left to execute'
 
 ENGINE_KEYS = (
     'engine state',
@@ -97,11 +99,13 @@ def robot_keys(window_s: float) -> tuple[str, ...]:
         'target rate (Hz)',
         'time since last chunk (s)',
         'time since last image (s)',
+        STATE_AGE_KEY,
         E2E_P50_KEY,
         E2E_P99_KEY,
         'chunks published',
         'deadline misses',
         'superseded observations',
+        ALL_PAST_KEY,
         *(f'refused: {reason}' for reason in REASONS),
         f'refused in last {window}',
         'last error',

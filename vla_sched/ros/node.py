@@ -110,6 +110,7 @@ class VlaSchedNode(Node):
                 on_image=self.camera.on_image,
                 on_joints=self._on_joints,
                 on_instruction=self._on_instruction,
+                output_lifespan_s=self.config.step_budget_s,
             )
         self._publisher_check = PublisherCheck(
             [watched for topics in self.topics.values() for watched in topics.watched],
@@ -142,7 +143,10 @@ class VlaSchedNode(Node):
 
     def _on_joints(self, slot: RobotSlot, msg) -> None:
         try:
-            slot.set_state(joint_state_to_vector(msg, slot.config.state_joint_names))
+            slot.set_state(
+                joint_state_to_vector(msg, slot.config.state_joint_names),
+                stamp_ns=stamp_to_ns(msg.header.stamp),
+            )
         except ConversionError as exc:
             slot.refuse_state(str(exc))
             now = self._now_ns()

@@ -24,7 +24,10 @@ from vla_sched.settings import check_settings, setting, setting_like, settings_o
 TRIGGERS = ('periodic', 'on_image')
 ACTION_SPACES = ('joint_position', 'joint_delta', 'ee_delta')
 IMAGE_TRANSPORTS = ('raw', 'compressed')
+TRAJECTORY_STARTS = ('now', 'on_receipt')
 EE_DELTA_NAMES = ('x', 'y', 'z', 'roll', 'pitch', 'yaw', 'gripper')
+NUM_TWIST_COLUMNS = 6  # x y z roll pitch yaw: the columns an ee_delta twist is made of
+GRIPPER_COLUMN = 6  # the gripper's column of a 7-value ee_delta action
 _ROBOT_ID = re.compile(r'[A-Za-z][A-Za-z0-9_]*')
 _NAMESPACE = re.compile(r'/?[A-Za-z][A-Za-z0-9_]*(/[A-Za-z][A-Za-z0-9_]*)*')
 
@@ -50,6 +53,12 @@ class RobotConfig:
     columns (empty: the checkpoint's defaults). ``dt`` is the time between the actions of one
     chunk. ``period_s`` is the control period, and for ``trigger='on_image'`` the target
     period that the action rate is judged against.
+
+    The outputs beside ``vla/action_chunk`` (``publish_joint_trajectory``,
+    ``publish_twist``, ``publish_gripper``) carry only what is still to come when the chunk is
+    published; their timing is in ``outputs``. A step whose joint state is older than
+    ``max_state_age_s``, or stamped further than ``max_state_image_skew_s`` from its image, is
+    refused (0 turns either check off).
     """
 
     robot_id: str
@@ -84,6 +93,35 @@ class RobotConfig:
     publish_joint_trajectory: bool = setting(
         False, 'also publish vla/joint_trajectory (needs action_space joint_position)'
     )
+    joint_trajectory_start: str = setting(
+        'now',
+        'now: header.stamp is the publication time; on_receipt: header.stamp is zero, the '
+        'controller starts the trajectory when it receives it',
+        choices=TRAJECTORY_STARTS,
+    )
+    publish_twist: bool = setting(
+        False,
+        'also publish vla/twist, the current action as a TwistStamped for MoveIt Servo '
+        '(needs action_space ee_delta)',
+    )
+    publish_gripper: bool = setting(
+        False,
+        "also publish vla/gripper, the current action's gripper value as a Float64 "
+        '(needs action_space ee_delta)',
+    )
+    max_state_age_s: float = setting(
+        0.5,
+        'refuse a step whose joint state is older than this (s; 0: no limit)',
+        min_value=0.0,
+        max_value=60.0,
+    )
+    max_state_image_skew_s: float = setting(
+        0.5,
+        'refuse a step whose joint state and image stamps are further apart than this (s; '
+        '0: no limit)',
+        min_value=0.0,
+        max_value=60.0,
+    )
     image_transport: str = setting(
         'raw',
         'raw: camera/image_raw; compressed: camera/image_raw/compressed',
@@ -109,6 +147,12 @@ class RobotConfig:
             )
         if self.publish_joint_trajectory and not self.action_joint_names:
             raise ConfigError(f'{owner}.publish_joint_trajectory needs action_joint_names')
+        for name in ('publish_twist', 'publish_gripper'):
+            if getattr(self, name) and self.action_space != 'ee_delta':
+                raise ConfigError(
+                    f'{owner}.{name} needs action_space ee_delta (its columns are x y z roll '
+                    f'pitch yaw gripper), got {self.action_space!r}'
+                )
 
     @property
     def topic_namespace(self) -> str:
@@ -118,12 +162,24 @@ class RobotConfig:
         """Column names for a chunk with ``action_dim`` values per action.
 
         Raises:
-            ConfigError: ``action_joint_names`` is set but has another length.
+            ConfigError: ``action_joint_names`` is set but has another length, or an output
+                that is on needs columns the actions lack (a twist 6, the gripper 7).
         """
+        owner = f'robots.{self.robot_id}'
+        if self.publish_twist and action_dim < NUM_TWIST_COLUMNS:
+            raise ConfigError(
+                f'{owner}.publish_twist needs at least {NUM_TWIST_COLUMNS} values per action '
+                f'(x y z roll pitch yaw); the checkpoint returns {action_dim}'
+            )
+        if self.publish_gripper and action_dim <= GRIPPER_COLUMN:
+            raise ConfigError(
+                f'{owner}.publish_gripper needs the gripper in column {GRIPPER_COLUMN} of each '
+                f'action; the checkpoint returns {action_dim} values per action'
+            )
         if self.action_joint_names:
             if len(self.action_joint_names) != action_dim:
                 raise ConfigError(
-                    f'robots.{self.robot_id}.action_joint_names has '
+                    f'{owner}.action_joint_names has '
                     f'{len(self.action_joint_names)} names but the checkpoint returns '
                     f'{action_dim} values per action'
                 )

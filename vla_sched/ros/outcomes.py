@@ -4,6 +4,8 @@
 messages published on the robot's topics, and keeps the robot's slot in step with them:
 
 - a result is published only for the robot's step in flight (anything else is stale);
+- its chunk is published whole; the arm's commands (trajectory, twist, gripper) hold only
+  the actions not yet past, and none is sent when every action is past (counted);
 - a late result is refused (``DEADLINE_MISSED``) under ``late_policy: drop``, else published
   marked late;
 - a result that cannot become a chunk (actions of the wrong shape, non-finite, action names
@@ -71,8 +73,12 @@ class Outcomes:
             return
         topics = self._topics[slot.robot_id]
         topics.chunks.publish(chunk)
-        if topics.trajectory is not None:
-            topics.trajectory.publish(outputs.joint_trajectory(chunk, dt_s=slot.config.dt))
+        if topics.drives_arm:
+            commands = outputs.arm_commands(chunk, slot.config, published_ns=now)
+            if commands is None:
+                slot.count_all_past()
+            else:
+                topics.publish_arm(commands)
         slot.finish(result, now, late=late)
 
     def failure(self, failure: StepFailure, now: int) -> None:

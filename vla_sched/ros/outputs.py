@@ -1,14 +1,40 @@
-"""Build the messages the node publishes: ActionChunk, JointTrajectory and StepRejected."""
+"""Build the messages the node publishes: ActionChunk, StepRejected, and the arm's commands.
+
+An ActionChunk holds every action of a step. The arm's commands (``arm_commands``) hold only
+what is still to come when the chunk is published: action k of a chunk whose image is
+stamped ``t`` applies over ``[t + k * dt, t + (k + 1) * dt)``, so it is past once
+``t + (k + 1) * dt`` is, and the first action not past is the current one.
+
+- JointTrajectory (for ros2_controllers' JointTrajectoryController): one point per action not
+  yet past, action k's positions reached at ``t + (k + 1) * dt``. The controller refuses a
+  trajectory with a non-zero ``header.stamp`` that ends in the past, and takes
+  ``time_from_start`` from ``header.stamp`` (zero: from its receipt). ``joint_trajectory_start``
+  ``now`` stamps it with the publication time and shifts the points by the time already
+  elapsed since ``t``; ``on_receipt`` leaves the stamp zero with the same shifted points, so
+  the controller starts it when it arrives.
+- TwistStamped (for MoveIt Servo): the current action's ``x y z`` and ``roll pitch yaw``
+  deltas over ``dt`` (m/s and rad/s; for the small deltas of one action the Euler angle rates
+  are the angular velocity), stamped with the publication time in the chunk's frame.
+- Float64: the current action's gripper value (column 7 of an ee_delta action), as the
+  checkpoint's dataset defines it.
+
+A chunk whose actions are all past yields no command at all.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
+from builtin_interfaces.msg import Time
+from geometry_msgs.msg import TwistStamped
+from std_msgs.msg import Float64
 from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
 
 from vla_sched.ipc.messages import FailureReason, StepResult
 from vla_sched.msg import ActionChunk, StepRejected
-from vla_sched.ros.conversions import ns_to_duration, ns_to_stamp
-from vla_sched.ros.node_config import RobotConfig
+from vla_sched.ros.conversions import ns_to_duration, ns_to_stamp, stamp_to_ns
+from vla_sched.ros.node_config import GRIPPER_COLUMN, NUM_TWIST_COLUMNS, RobotConfig
 from vla_sched.ros.robot_slot import Refusal
 from vla_sched.ros.text_bounds import MAX_DETAIL_CHARS, bounded
 
@@ -24,6 +50,7 @@ _REASON_CONSTANTS = {
     FailureReason.INTERNAL_ERROR: 'REASON_INTERNAL_ERROR',
     FailureReason.QUEUE_FULL: 'REASON_QUEUE_FULL',
     FailureReason.CANCELLED: 'REASON_CANCELLED',
+    FailureReason.STALE_STATE: 'REASON_STALE_STATE',
 }
 ACTION_SPACE_CONSTANTS = {
     'joint_position': 'ACTION_SPACE_JOINT_POSITION',
@@ -74,23 +101,70 @@ def action_chunk(
     return msg
 
 
-def joint_trajectory(chunk: ActionChunk, *, dt_s: float) -> JointTrajectory:
-    """The chunk as a JointTrajectory: point k at ``time_from_start = k * dt_s``.
+@dataclass(frozen=True, slots=True)
+class ArmCommands:
+    """What a chunk tells the arm's controllers; None for an output that is off."""
 
-    ``dt_s`` is the robot's configured ``dt`` (the chunk holds it only as float32).
+    trajectory: JointTrajectory | None
+    twist: TwistStamped | None
+    gripper: Float64 | None
+
+
+def first_action_not_past(horizon: int, *, dt_ns: int, elapsed_ns: int) -> int:
+    """Index of the first action of a chunk that is not past ``elapsed_ns`` after its image
+    stamp (action k ends at ``(k + 1) * dt_ns``); ``horizon`` when all are past."""
+    if elapsed_ns < 0:
+        return 0
+    return min(horizon, elapsed_ns // dt_ns)
+
+
+def arm_commands(
+    chunk: ActionChunk, robot: RobotConfig, *, published_ns: int
+) -> ArmCommands | None:
+    """The arm's commands of ``chunk`` published at ``published_ns`` (see the module
+    docstring), or None when every action is past.
+
+    ``robot.dt`` is used rather than the chunk's float32 ``dt``.
     """
-    traj = JointTrajectory()
-    traj.header = chunk.header
-    traj.joint_names = list(chunk.joint_names)
+    dt_ns = round(robot.dt * 1e9)
+    elapsed_ns = published_ns - stamp_to_ns(chunk.header.stamp)
+    first = first_action_not_past(chunk.horizon, dt_ns=dt_ns, elapsed_ns=elapsed_ns)
+    if first == chunk.horizon:
+        return None
     rows = np.frombuffer(chunk.actions, dtype=np.float32).reshape(chunk.horizon, chunk.dof)
-    traj.points = [
-        JointTrajectoryPoint(
-            positions=[float(v) for v in row],
-            time_from_start=ns_to_duration(round(k * dt_s * 1e9)),
-        )
-        for k, row in enumerate(rows)
-    ]
-    return traj
+    trajectory = twist = gripper = None
+    if robot.publish_joint_trajectory:
+        trajectory = JointTrajectory(joint_names=list(chunk.joint_names))
+        trajectory.header.frame_id = chunk.header.frame_id
+        if robot.joint_trajectory_start == 'now':
+            trajectory.header.stamp = ns_to_stamp(published_ns)
+        else:
+            trajectory.header.stamp = Time()  # zero: the controller starts on receipt
+        trajectory.points = [
+            JointTrajectoryPoint(
+                positions=[float(v) for v in rows[k]],
+                time_from_start=ns_to_duration((k + 1) * dt_ns - elapsed_ns),
+            )
+            for k in range(first, chunk.horizon)
+        ]
+    if robot.publish_twist:
+        twist = ee_twist(rows[first], dt_s=robot.dt, frame_id=chunk.header.frame_id)
+        twist.header.stamp = ns_to_stamp(published_ns)
+    if robot.publish_gripper:
+        gripper = Float64(data=float(rows[first][GRIPPER_COLUMN]))
+    return ArmCommands(trajectory=trajectory, twist=twist, gripper=gripper)
+
+
+def ee_twist(action: np.ndarray, *, dt_s: float, frame_id: str) -> TwistStamped:
+    """One ee_delta action (``x y z roll pitch yaw [gripper]``) as the twist that covers its
+    delta in ``dt_s``, in ``frame_id`` (its stamp left to the caller)."""
+    twist = TwistStamped()
+    twist.header.frame_id = frame_id
+    velocity = [float(v) / dt_s for v in action[:NUM_TWIST_COLUMNS]]
+    linear, angular = twist.twist.linear, twist.twist.angular
+    linear.x, linear.y, linear.z = velocity[:3]
+    angular.x, angular.y, angular.z = velocity[3:]
+    return twist
 
 
 def step_rejected(refusal: Refusal) -> StepRejected:

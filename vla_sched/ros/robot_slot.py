@@ -12,6 +12,8 @@ The rules a robot relies on live here, free of ROS so they can be tested with a 
 - at most one step in flight: a robot is due only when nothing of it is in the engine;
 - ``periodic`` robots are due once per period, ``on_image`` robots on every new image;
 - a step whose deadline (image stamp + budget) has passed is refused before it is sent;
+- a step whose joint state is stale (older than ``max_state_age_s``, or stamped further than
+  ``max_state_image_skew_s`` from the image) is refused, never sent with that state;
 - a result is accepted only for the step in flight, so nothing stale is ever published.
 
 Health over the last ``window_s``: action and image input rates, refusals, and the last error,
@@ -50,6 +52,41 @@ def stamp_problem(stamp_ns: int, now_ns: int, *, max_future_ns: int) -> str | No
         return (
             f'header.stamp is {ahead_ns / NS_PER_S:.3f} s ahead of the node clock (more than '
             f'limits.max_future_stamp_s = {max_future_ns / NS_PER_S:g} s)'
+        )
+    return None
+
+
+def stale_state_problem(
+    state_stamp_ns: int, *, image_stamp_ns: int, now_ns: int, config: RobotConfig
+) -> str | None:
+    """Why a joint state stamped ``state_stamp_ns`` is too stale for a step at ``now_ns``
+    on the image stamped ``image_stamp_ns``, or None (``config`` holds the limits; 0 is none).
+
+    A zero stamp says nothing about when the state was measured, so it passes only when both
+    checks are off.
+    """
+    owner = f'robots.{config.robot_id}'
+    max_age_ns = round(config.max_state_age_s * NS_PER_S)
+    max_skew_ns = round(config.max_state_image_skew_s * NS_PER_S)
+    if max_age_ns == 0 and max_skew_ns == 0:
+        return None
+    if state_stamp_ns == 0:
+        return (
+            'joint_states header.stamp is zero: stamp joint states with the time they were '
+            f'measured (or set {owner}.max_state_age_s and max_state_image_skew_s to 0)'
+        )
+    age_ns = now_ns - state_stamp_ns
+    if max_age_ns and age_ns > max_age_ns:
+        return (
+            f'joint state is {age_ns / NS_PER_S:.3f} s old (more than {owner}.max_state_age_s '
+            f'= {config.max_state_age_s:g} s): is joint_states still published?'
+        )
+    skew_ns = state_stamp_ns - image_stamp_ns
+    if max_skew_ns and abs(skew_ns) > max_skew_ns:
+        side = 'after' if skew_ns > 0 else 'before'
+        return (
+            f'joint state stamped {abs(skew_ns) / NS_PER_S:.3f} s {side} the image (more than '
+            f'{owner}.max_state_image_skew_s = {config.max_state_image_skew_s:g} s)'
         )
     return None
 
@@ -98,12 +135,14 @@ class RobotView:
     num_chunks: int
     num_deadline_misses: int
     num_superseded: int
+    num_chunks_all_past: int  # chunks published with no action left for the arm's outputs
     num_refused_window: int
     refused_by_reason: dict[str, int]
     last_error: str  # '' when no refusal came in the last window
     last_error_age_s: float  # NaN without a last error
     since_last_chunk_s: float  # NaN before the first chunk
     silent_s: float  # seconds since the last image (or since start-up if none came)
+    state_age_s: float  # of the newest joint state; NaN without one (or without state joints)
     seen_image: bool
 
 
@@ -117,6 +156,7 @@ class RobotSlot:
         self.pending: Observation | None = None
         self.in_flight: InFlight | None = None
         self.state: np.ndarray | None = None
+        self.state_stamp_ns = 0  # of ``state``
         self.state_error = 'no joint_states received yet'
         self.instruction = ''
         self.instruction_version = 0
@@ -129,6 +169,7 @@ class RobotSlot:
         self.num_chunks = 0
         self.num_deadline_misses = 0
         self.num_superseded = 0
+        self.num_chunks_all_past = 0
         self.refused_by_reason: Counter[str] = Counter()
         self.last_error = ''
         self.last_error_reason: FailureReason | None = None
@@ -164,13 +205,17 @@ class RobotSlot:
         like an unsent observation."""
         self.num_superseded += 1
 
-    def set_state(self, state: np.ndarray) -> None:
+    def set_state(self, state: np.ndarray, *, stamp_ns: int) -> None:
+        """Use ``state``, measured at ``stamp_ns`` (its joint_states header.stamp), from now
+        on; a step checks its age then (``stale_state_problem``)."""
         self.state = state
+        self.state_stamp_ns = stamp_ns
         self.state_error = ''
 
     def refuse_state(self, detail: str) -> None:
         """A bad joint_states makes the robot's state unknown until a good one arrives."""
         self.state = None
+        self.state_stamp_ns = 0
         self.state_error = detail
 
     def set_instruction(self, text: str) -> bool:
@@ -224,7 +269,7 @@ class RobotSlot:
         self.pending = None
         self._advance_schedule(now_ns)
         deadline_ns = obs.stamp_ns + budget_ns
-        problem = self._input_problem(num_state)
+        problem = self._input_problem(num_state, image_stamp_ns=obs.stamp_ns, now_ns=now_ns)
         if problem is not None:
             return self._refusal(obs.stamp_ns, *problem, now_ns=now_ns)
         if now_ns > deadline_ns:
@@ -251,7 +296,9 @@ class RobotSlot:
             priority=priority,
         )
 
-    def _input_problem(self, num_state: int) -> tuple[FailureReason, str] | None:
+    def _input_problem(
+        self, num_state: int, *, image_stamp_ns: int, now_ns: int
+    ) -> tuple[FailureReason, str] | None:
         if not self.instruction:
             return FailureReason.INVALID_INSTRUCTION, self.instruction_error
         if num_state > 0:
@@ -264,6 +311,14 @@ class RobotSlot:
                 )
             if self.state is None:
                 return FailureReason.INVALID_STATE, self.state_error
+            stale = stale_state_problem(
+                self.state_stamp_ns,
+                image_stamp_ns=image_stamp_ns,
+                now_ns=now_ns,
+                config=self.config,
+            )
+            if stale is not None:
+                return FailureReason.STALE_STATE, stale
         return None
 
     def _advance_schedule(self, now_ns: int) -> None:
@@ -306,6 +361,11 @@ class RobotSlot:
         self._chunk_times.add(now_ns)
         self.last_chunk_ns = now_ns
         return True
+
+    def count_all_past(self) -> None:
+        """A chunk was published with no action left for the arm's outputs (its trajectory,
+        twist and gripper were not sent)."""
+        self.num_chunks_all_past += 1
 
     def fail(self, failure: StepFailure, now_ns: int) -> Refusal | None:
         """The engine ended the step in flight without actions; None if it is not ours."""
@@ -374,6 +434,9 @@ class RobotSlot:
         error_ns = self.last_error_ns
         recent_error = error_ns is not None and now_ns - error_ns < window_ns
         chunk_ns = self.last_chunk_ns
+        state_age_s = float('nan')
+        if self.config.state_joint_names and self.state is not None and self.state_stamp_ns:
+            state_age_s = (now_ns - self.state_stamp_ns) / 1e9
         return RobotView(
             robot_id=self.robot_id,
             window_s=self.window_s,
@@ -386,6 +449,7 @@ class RobotSlot:
             num_chunks=self.num_chunks,
             num_deadline_misses=self.num_deadline_misses,
             num_superseded=self.num_superseded,
+            num_chunks_all_past=self.num_chunks_all_past,
             num_refused_window=sum(w.count(now_ns) for w in self._refusal_times.values()),
             refused_by_reason=dict(self.refused_by_reason),
             last_error=self.last_error if recent_error else '',
@@ -393,4 +457,5 @@ class RobotSlot:
             since_last_chunk_s=(now_ns - chunk_ns) / 1e9 if chunk_ns is not None else float('nan'),
             silent_s=(now_ns - silent_since) / 1e9,
             seen_image=self.last_image_ns is not None,
+            state_age_s=state_age_s,
         )

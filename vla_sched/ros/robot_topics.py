@@ -4,7 +4,14 @@ Under the robot's namespace the node subscribes ``camera/image_raw`` (sensor-dat
 ``camera/image_raw/compressed``), ``joint_states`` (only for a robot with
 ``state_joint_names``: a robot that sends no state to the checkpoint costs no wake-up per
 joint state) and ``vla/instruction`` (transient local), and publishes ``vla/action_chunk``,
-``vla/step_rejected`` and, if enabled, ``vla/joint_trajectory``.
+``vla/step_rejected`` and, if enabled, the arm's commands ``vla/joint_trajectory``,
+``vla/twist`` and ``vla/gripper`` (see ``outputs``).
+
+A chunk and the arm's commands are for control: the newest one wins and an old one is worth
+nothing, so their publishers keep one message (depth 1, reliable, volatile) whose lifespan is
+the step budget: DDS drops a chunk older than that instead of delivering it late (judged on
+the publication's source time, so the hosts' clocks must agree). ``vla/step_rejected`` keeps
+the default depth of 10: each refusal is an event of its own.
 
 No subscription or publisher has QoS event handlers: rclpy's executor walks every handler on
 every wake-up, two per endpoint by default. A camera or instruction publisher that cannot
@@ -17,21 +24,36 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from geometry_msgs.msg import TwistStamped
+from rclpy.duration import Duration
 from rclpy.event_handler import PublisherEventCallbacks, SubscriptionEventCallbacks
 from rclpy.node import Node
-from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
+from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
 from rclpy.qos import qos_profile_sensor_data as sensor_qos
 from sensor_msgs.msg import CompressedImage, Image, JointState
-from std_msgs.msg import String
+from std_msgs.msg import Float64, String
 from trajectory_msgs.msg import JointTrajectory
 
 from vla_sched.msg import ActionChunk, StepRejected
+from vla_sched.ros.outputs import ArmCommands
 from vla_sched.ros.robot_slot import RobotSlot
 from vla_sched.ros.topic_check import WatchedTopic, type_name
 
 LATCHED = QoSProfile(
     depth=1, reliability=ReliabilityPolicy.RELIABLE, durability=DurabilityPolicy.TRANSIENT_LOCAL
 )
+
+
+def control_qos(lifespan_s: float) -> QoSProfile:
+    """The QoS of the chunks and the arm's commands: the newest one, reliable, volatile,
+    dropped once ``lifespan_s`` old (see the module docstring)."""
+    return QoSProfile(
+        history=HistoryPolicy.KEEP_LAST,
+        depth=1,
+        reliability=ReliabilityPolicy.RELIABLE,
+        durability=DurabilityPolicy.VOLATILE,
+        lifespan=Duration(nanoseconds=round(lifespan_s * 1e9)),
+    )
 
 
 def quiet_publisher() -> PublisherEventCallbacks:
@@ -48,7 +70,8 @@ class RobotTopics:
     """One robot's subscriptions and publishers on ``node`` (see the module docstring).
 
     The callbacks get the robot's slot and the message; ``on_image`` also gets
-    ``compressed`` (True for the compressed transport).
+    ``compressed`` (True for the compressed transport). ``output_lifespan_s`` is the lifespan
+    of the chunks and the arm's commands (the step budget).
     """
 
     def __init__(
@@ -59,20 +82,29 @@ class RobotTopics:
         on_image: Callable[..., Any],
         on_joints: Callable[[RobotSlot, Any], Any],
         on_instruction: Callable[[RobotSlot, Any], Any],
+        output_lifespan_s: float,
     ) -> None:
-        ns = slot.config.topic_namespace
+        config = slot.config
+        ns = config.topic_namespace
         quiet = quiet_publisher()
-        self.chunks = node.create_publisher(
-            ActionChunk, f'{ns}/vla/action_chunk', 10, event_callbacks=quiet
-        )
+        control = control_qos(output_lifespan_s)
+
+        def control_publisher(msg_type: type, name: str, on: bool = True):
+            if not on:
+                return None
+            return node.create_publisher(
+                msg_type, f'{ns}/vla/{name}', control, event_callbacks=quiet
+            )
+
+        self.chunks = control_publisher(ActionChunk, 'action_chunk')
         self.rejected = node.create_publisher(
             StepRejected, f'{ns}/vla/step_rejected', 10, event_callbacks=quiet
         )
-        self.trajectory = None
-        if slot.config.publish_joint_trajectory:
-            self.trajectory = node.create_publisher(
-                JointTrajectory, f'{ns}/vla/joint_trajectory', 10, event_callbacks=quiet
-            )
+        self.trajectory = control_publisher(
+            JointTrajectory, 'joint_trajectory', config.publish_joint_trajectory
+        )
+        self.twist = control_publisher(TwistStamped, 'twist', config.publish_twist)
+        self.gripper = control_publisher(Float64, 'gripper', config.publish_gripper)
         if slot.config.image_transport == 'compressed':
             camera = node.create_subscription(
                 CompressedImage,
@@ -108,3 +140,17 @@ class RobotTopics:
             WatchedTopic(sub.topic_name, type_name(sub.msg_type), qos)
             for sub, qos in ((camera, sensor_qos), (instruction, LATCHED))
         )
+
+    @property
+    def drives_arm(self) -> bool:
+        """Whether any of the arm's commands is published."""
+        return any(pub is not None for pub in (self.trajectory, self.twist, self.gripper))
+
+    def publish_arm(self, commands: ArmCommands) -> None:
+        for pub, msg in (
+            (self.trajectory, commands.trajectory),
+            (self.twist, commands.twist),
+            (self.gripper, commands.gripper),
+        ):
+            if pub is not None and msg is not None:
+                pub.publish(msg)

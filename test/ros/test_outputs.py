@@ -1,0 +1,192 @@
+"""The published messages: a chunk's arm commands hold only what is still to come, and are
+accepted by a JointTrajectoryController; every refusal reason has its StepRejected value."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from vla_sched.ipc.messages import FailureReason, StepResult
+from vla_sched.msg import ActionChunk, StepRejected
+from vla_sched.ros import outputs
+from vla_sched.ros.conversions import stamp_to_ns
+from vla_sched.ros.node_config import RobotConfig
+from vla_sched.ros.robot_slot import Refusal
+
+MS = 1_000_000
+S = 1_000_000_000
+STAMP = 100 * S  # the image stamp of every chunk here
+JOINTS = ('j0', 'j1', 'j2')
+
+
+def _chunk(robot: RobotConfig, actions: np.ndarray, names: tuple[str, ...]) -> ActionChunk:
+    result = StepResult(
+        robot_id=robot.robot_id,
+        step_seq=4,
+        stamp_ns=STAMP,
+        actions=actions.astype(np.float32),
+        queue_ms=1.0,
+        prefill_ms=2.0,
+        decode_ms=3.0,
+        late=False,
+        num_cached_prefix_tokens=0,
+    )
+    return outputs.action_chunk(
+        result, robot, deadline_ns=STAMP + S, published_ns=STAMP, joint_names=names, late=False
+    )
+
+
+def _arm(*, start: str = 'now', dt: float = 0.1) -> RobotConfig:
+    return RobotConfig(
+        'arm',
+        action_space='joint_position',
+        action_joint_names=JOINTS,
+        publish_joint_trajectory=True,
+        joint_trajectory_start=start,
+        dt=dt,
+        frame_id='arm/base',
+    )
+
+
+def _rows(horizon: int, dof: int) -> np.ndarray:
+    return np.arange(horizon * dof, dtype=np.float32).reshape(horizon, dof) / 10
+
+
+def _trajectory(horizon: int, elapsed_ns: int, **arm):
+    robot = _arm(**arm)
+    chunk = _chunk(robot, _rows(horizon, len(JOINTS)), JOINTS)
+    return outputs.arm_commands(chunk, robot, published_ns=STAMP + elapsed_ns)
+
+
+def controller_refusal(traj, *, received_ns: int) -> str | None:
+    """Why ros2_controllers' JointTrajectoryController (validate_trajectory_msg) would refuse
+    ``traj`` received at ``received_ns``, or None."""
+    if not traj.joint_names or not traj.points:
+        return 'empty'
+    start_ns = stamp_to_ns(traj.header.stamp)
+    if start_ns != 0 and start_ns + stamp_to_ns(traj.points[-1].time_from_start) < received_ns:
+        return 'non-zero start time that ends in the past'
+    times = [stamp_to_ns(p.time_from_start) for p in traj.points]
+    if any(b <= a for a, b in itertools.pairwise(times)):
+        return 'times not strictly increasing'
+    if any(len(p.positions) != len(traj.joint_names) for p in traj.points):
+        return 'positions do not match joint_names'
+    return None
+
+
+@pytest.mark.parametrize(
+    ('elapsed_ns', 'first'),
+    [
+        (-5 * MS, 0),
+        (0, 0),
+        (99 * MS, 0),
+        (100 * MS, 1),
+        (250 * MS, 2),
+        (399 * MS, 3),
+        (400 * MS, 4),
+    ],
+)
+def test_an_action_is_past_once_its_interval_has_ended(elapsed_ns, first):
+    assert outputs.first_action_not_past(4, dt_ns=100 * MS, elapsed_ns=elapsed_ns) == first
+
+
+def test_a_trajectory_stamped_now_holds_the_actions_to_come_shifted_by_the_time_elapsed():
+    commands = _trajectory(4, elapsed_ns=130 * MS)
+    traj = commands.trajectory
+    assert stamp_to_ns(traj.header.stamp) == STAMP + 130 * MS  # the publication time
+    assert traj.header.frame_id == 'arm/base' and list(traj.joint_names) == list(JOINTS)
+    # action 0 ended at 100 ms: left out; action k is reached at (k + 1) * dt after the image
+    assert [stamp_to_ns(p.time_from_start) for p in traj.points] == [70 * MS, 170 * MS, 270 * MS]
+    rows = _rows(4, 3)
+    for point, row in zip(traj.points, rows[1:], strict=True):
+        np.testing.assert_allclose(point.positions, row, rtol=0, atol=1e-6)
+    assert commands.twist is None and commands.gripper is None  # off for this robot
+
+
+def test_a_trajectory_on_receipt_has_a_zero_stamp_and_the_same_points():
+    now = _trajectory(4, elapsed_ns=130 * MS).trajectory
+    on_receipt = _trajectory(4, elapsed_ns=130 * MS, start='on_receipt').trajectory
+    assert stamp_to_ns(on_receipt.header.stamp) == 0
+    assert on_receipt.points == now.points
+
+
+def test_horizon_one_is_sent_while_its_action_is_not_past():
+    traj = _trajectory(1, elapsed_ns=60 * MS).trajectory
+    assert [stamp_to_ns(p.time_from_start) for p in traj.points] == [40 * MS]
+    assert _trajectory(1, elapsed_ns=100 * MS) is None  # past: nothing left, nothing sent
+
+
+def test_a_chunk_whose_actions_are_all_past_yields_no_command():
+    assert _trajectory(4, elapsed_ns=400 * MS) is None
+    assert _trajectory(4, elapsed_ns=3 * S) is None
+
+
+@pytest.mark.parametrize('horizon', [1, 2, 8])
+@pytest.mark.parametrize('start', ['now', 'on_receipt'])
+def test_every_trajectory_sent_is_accepted_by_the_controller(horizon, start):
+    for elapsed_ns in range(0, horizon * 100 * MS, 7 * MS):
+        commands = _trajectory(horizon, elapsed_ns=elapsed_ns, start=start)
+        assert commands is not None, elapsed_ns
+        traj = commands.trajectory
+        assert controller_refusal(traj, received_ns=STAMP + elapsed_ns) is None, elapsed_ns
+        # and its last point is where the chunk ends: image stamp + horizon * dt
+        left_ns = horizon * 100 * MS - elapsed_ns
+        assert stamp_to_ns(traj.points[-1].time_from_start) == left_ns
+
+
+def test_the_controller_check_refuses_what_the_old_output_sent():
+    """The check above is the controller's: a trajectory stamped with the image stamp whose
+    last point is already past (what the node published before) is refused."""
+    traj = _trajectory(1, elapsed_ns=0).trajectory
+    traj.header.stamp = _chunk(_arm(), _rows(1, 3), JOINTS).header.stamp
+    traj.points[0].time_from_start.nanosec = 0
+    assert controller_refusal(traj, received_ns=STAMP + 50 * MS) == (
+        'non-zero start time that ends in the past'
+    )
+
+
+def _ee_robot(**outputs_on) -> RobotConfig:
+    return RobotConfig('arm', dt=0.2, frame_id='arm/tool0', **outputs_on)
+
+
+def test_the_twist_is_the_current_actions_delta_over_dt_in_the_chunks_frame():
+    robot = _ee_robot(publish_twist=True, publish_gripper=True)
+    actions = np.array(
+        [
+            [0.01, 0.02, 0.03, 0.1, 0.2, 0.3, 1.0],
+            [0.02, -0.04, 0.06, -0.2, 0.0, 0.4, 0.0],
+        ],
+        np.float32,
+    )
+    chunk = _chunk(robot, actions, robot.action_names(7))
+    commands = outputs.arm_commands(chunk, robot, published_ns=STAMP + 250 * MS)
+    twist = commands.twist
+    assert twist.header.frame_id == 'arm/tool0'
+    assert stamp_to_ns(twist.header.stamp) == STAMP + 250 * MS
+    linear, angular = twist.twist.linear, twist.twist.angular
+    # 250 ms after the image, dt 0.2: action 1 is the current one
+    np.testing.assert_allclose([linear.x, linear.y, linear.z], [0.1, -0.2, 0.3], rtol=1e-5)
+    np.testing.assert_allclose([angular.x, angular.y, angular.z], [-1.0, 0.0, 2.0], rtol=1e-5)
+    assert commands.gripper.data == 0.0  # action 1's gripper column
+    assert commands.trajectory is None
+    first = outputs.arm_commands(chunk, robot, published_ns=STAMP + 10 * MS)
+    assert first.gripper.data == 1.0
+    assert first.twist.twist.linear.x == pytest.approx(0.05)
+    assert outputs.arm_commands(chunk, robot, published_ns=STAMP + 400 * MS) is None
+
+
+def test_the_gripper_alone_is_sent_without_a_twist():
+    robot = _ee_robot(publish_gripper=True)
+    chunk = _chunk(robot, np.full((1, 7), 0.5, np.float32), robot.action_names(7))
+    commands = outputs.arm_commands(chunk, robot, published_ns=STAMP)
+    assert commands.twist is None and commands.gripper.data == 0.5
+
+
+@pytest.mark.parametrize('reason', list(FailureReason))
+def test_every_refusal_reason_has_its_step_rejected_value(reason):
+    msg = outputs.step_rejected(Refusal('arm', 3, STAMP, reason, 'why'))
+    name = f'REASON_{reason.name}'
+    assert msg.reason == getattr(StepRejected, name)
+    assert stamp_to_ns(msg.header.stamp) == STAMP and msg.detail == 'why'
