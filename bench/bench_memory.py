@@ -26,18 +26,14 @@ Prints a table; nothing is asserted.
 
 Usage, from the repository root::
 
-    python bench/bench_memory.py [--sizes 1000 10000 100000] [--page-sizes 1 16]
+    python -m bench.bench_memory [--sizes 1000 10000 100000] [--page-sizes 1 16]
 """
 
 from __future__ import annotations
 
 import argparse
 import platform
-import sys
 import time
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 

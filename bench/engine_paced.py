@@ -8,18 +8,22 @@ ZMQ, no cv_bridge is imported, so this runs on a bare GPU machine.
   ``check_integrity()`` after every scheduler step, and every step must end as exactly one
   ``StepResult`` or ``StepFailure`` (none lost, none twice, none unknown), results with
   finite actions of the checkpoint's shape.
-- ``run_paced``: N robots, each with a camera at ``period_s`` (phases spread over the
-  period): a fresh frame is sent at once when its robot has no step in flight, else it waits
-  and the newest waiting frame wins (the node's ``on_image`` trigger). Per robot count, after
-  a warm-up, a window of ``duration_s`` is measured: step latency from send to result
-  (p50/p99), the age of the frame at the result (stamp to result, p99), the share of ended
-  steps that met their ``deadline_ms`` (a result no later than stamp + deadline), actions/s
-  delivered against the target N x horizon / period, and frames superseded while waiting.
-  The engine delivers late steps marked late (``late_policy='deliver_late'``), so the latencies
-  are the real ones, not those of the steps that happened to fit.
+- ``run_paced``: N robots (``bench/lib/fleets.py``: a camera at ``period_s``, phases spread
+  over the period, at most one step in flight, the newest waiting frame wins: the node's
+  ``on_image`` trigger), a fresh random frame per image. Per robot count, the images stamped
+  in a window of ``duration_s`` after a warm-up are judged, each followed until its step
+  ends: step latency from send to result (p50/p99), the age of the frame at the result
+  (stamp to result, p99), the share of ended steps that met their ``deadline_ms``, actions/s
+  delivered against the target N x horizon / period, and frames superseded while waiting;
+  ``PacedPoint.capacity`` is the window's measure for the one capacity rule
+  (``bench/lib/capacity.py``). The engine delivers late steps marked late
+  (``late_policy='deliver_late'``), so the latencies are the real ones.
+- ``--capacity``: the capacity search (``search_capacity``) over the robot ladder, a paced
+  window per count on the same core.
 
-    python bench/engine_paced.py --robots 1 4 --duration 3            # tiny checkpoint, CPU
-    python bench/engine_paced.py --model-path DIR --device cuda --cuda-graphs --json out.json
+    python -m bench.engine_paced --robots 1 4 --duration 3            # tiny checkpoint, CPU
+    python -m bench.engine_paced --capacity --max-robots 16           # the capacity search
+    python -m bench.engine_paced --model-path DIR --device cuda --cuda-graphs --json out.json
 """
 
 from __future__ import annotations
@@ -35,11 +39,19 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
-os.environ.setdefault('HF_HUB_OFFLINE', '1')
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 import numpy as np
 
+from bench.lib.capacity import (
+    CapacityCriteria,
+    CapacityMeasure,
+    headline_table,
+    robot_ladder,
+    search_capacity,
+    steps_table,
+)
+from bench.lib.fleets import Fleet, FleetTiming, robot_index, step_request
+from bench.lib.stats import percentile
+from bench.lib.tables import markdown_table as render_table
 from vla_sched.engine.config import EngineConfig
 from vla_sched.engine.scheduled_core import ScheduledCore
 from vla_sched.ipc.messages import StepFailure, StepRequest, StepResult
@@ -67,20 +79,15 @@ def fresh_frame(seed: int, size: int = FRAME_SIZE) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, 256, (size, size, 3), dtype=np.uint8)
 
 
-def step_request(
-    robot_id: str, seq: int, *, stamp_ns: int, deadline_ns: int, num_state: int
+def camera_request(
+    robot: int, seq: int, *, stamp_ns: int, deadline_ns: int, num_state: int
 ) -> StepRequest:
-    return StepRequest(
-        robot_id=robot_id,
-        step_seq=seq,
-        stamp_ns=stamp_ns,
-        deadline_ns=deadline_ns,
-        received_ns=time.time_ns(),
-        image=fresh_frame(zlib.crc32(f'{robot_id}/{seq}'.encode())),
-        state=np.zeros(num_state, np.float32),
-        instruction=INSTRUCTION,
-        instruction_version=1,
-    )
+    """Step ``seq`` of ``robot_<robot>`` with a fresh random frame, sent now."""
+    seed = zlib.crc32(f'{robot}/{seq}/{stamp_ns}'.encode())
+    return step_request(
+        robot, seq, stamp_ns=stamp_ns, deadline_ns=deadline_ns, received_ns=time.time_ns(),
+        frame=fresh_frame(seed), num_state=num_state,
+    )  # fmt: skip
 
 
 # --- the checked run ------------------------------------------------------------------------
@@ -110,7 +117,7 @@ def run_checked(
     """Drive ``num_robots`` robots for ``steps_per_robot`` steps each (see the module doc)."""
     started = time.monotonic()
     num_state = core.info.num_state
-    next_seq = dict.fromkeys((f'robot_{i}' for i in range(num_robots)), 1)
+    next_seq = dict.fromkeys(range(num_robots), 1)
     open_steps: set[tuple[str, int]] = set()
     ended: dict[tuple[str, int], str] = {}
     reasons: dict[str, int] = {}
@@ -136,19 +143,19 @@ def run_checked(
             ended[key] = f'failure {out.reason.name}'
             reasons[out.reason.name] = reasons.get(out.reason.name, 0) + 1
 
-    def send(robot_id: str) -> None:
-        seq = next_seq[robot_id]
-        next_seq[robot_id] += 1
+    def send(robot: int) -> None:
+        seq = next_seq[robot]
+        next_seq[robot] += 1
         now = time.time_ns()
-        request = step_request(
-            robot_id, seq, stamp_ns=now, deadline_ns=now + 60 * 10**9, num_state=num_state
+        request = camera_request(
+            robot, seq, stamp_ns=now, deadline_ns=now + 60 * 10**9, num_state=num_state
         )
-        open_steps.add((robot_id, seq))
+        open_steps.add((request.robot_id, seq))
         for failure in core.submit(request, now):
             end(failure)
 
-    for robot_id in next_seq:
-        send(robot_id)
+    for robot in next_seq:
+        send(robot)
     while open_steps or core.has_work():
         if time.monotonic() - started > timeout_s:
             raise StepLedgerError(f'steps never ended within {timeout_s} s: {sorted(open_steps)}')
@@ -157,8 +164,8 @@ def run_checked(
         num_checks += 1
         for out in outs:
             end(out)
-            if next_seq[out.robot_id] <= steps_per_robot:
-                send(out.robot_id)
+            if next_seq[robot_index(out.robot_id)] <= steps_per_robot:
+                send(robot_index(out.robot_id))
         if open_steps and not core.has_work():
             raise StepLedgerError(f'the core is idle with steps open: {sorted(open_steps)}')
     num_sent = sum(seq - 1 for seq in next_seq.values())
@@ -203,7 +210,7 @@ class PacedPlan:
 
 @dataclass(frozen=True, slots=True)
 class PacedPoint:
-    """One robot count's measured window (milliseconds, counts, actions per second)."""
+    """One robot count's judged window (milliseconds, counts, actions per second)."""
 
     num_robots: int
     window_s: float
@@ -218,17 +225,7 @@ class PacedPoint:
     deadline_met_share: float
     actions_per_s: float
     target_actions_per_s: float
-
-
-class _Robot:
-    """A camera at a fixed period and at most one step in flight; the newest frame waits."""
-
-    def __init__(self, robot_id: str, first_frame_ns: int) -> None:
-        self.robot_id = robot_id
-        self.next_frame_ns = first_frame_ns
-        self.seq = 0
-        self.in_flight: tuple[int, int, int] | None = None  # seq, stamp, sent
-        self.waiting_stamp_ns: int | None = None
+    capacity: CapacityMeasure  # the window's measure for the capacity rule
 
 
 def run_paced(core: ScheduledCore, plan: PacedPlan) -> list[PacedPoint]:
@@ -237,138 +234,152 @@ def run_paced(core: ScheduledCore, plan: PacedPlan) -> list[PacedPoint]:
 
 
 def _paced_point(core: ScheduledCore, plan: PacedPlan, num_robots: int) -> PacedPoint:
-    period_ns = round(plan.period_s * 1e9)
-    deadline_ns = round(plan.deadline_ms * 1e6)
-    num_state = core.info.num_state
-    start = time.time_ns()
-    robots = {
-        f'n{num_robots}_robot_{i}': _Robot(
-            f'n{num_robots}_robot_{i}', start + i * period_ns // num_robots
-        )
-        for i in range(num_robots)
-    }
-    window_start = start + round(plan.warmup_s * 1e9)
-    window_end = window_start + round(plan.duration_s * 1e9)
-    latencies, ages = [], []
-    num_sent = num_results = num_failures = num_on_time = num_superseded = horizon = 0
+    timing = FleetTiming(
+        period_s=plan.period_s, budget_s=plan.deadline_ms / 1e3, warmup_s=plan.warmup_s,
+        duration_s=plan.duration_s, phases='spread',
+    )  # fmt: skip
+    fleet = Fleet(num_robots, timing, start_ns=time.time_ns())
+    sent: dict[int, tuple[int, int]] = {}  # robot: stamp, sent
+    judged = fleet.window
+    latencies, ages, horizons = [], [], set()
+    counts = {'sent': 0, 'results': 0, 'failures': 0}
 
-    def send(robot: _Robot, stamp_ns: int) -> None:
-        nonlocal num_sent
-        robot.seq += 1
-        now = time.time_ns()
-        request = step_request(
-            robot.robot_id,
-            robot.seq,
-            stamp_ns=stamp_ns,
-            deadline_ns=stamp_ns + deadline_ns,
-            num_state=num_state,
-        )
-        robot.in_flight = (robot.seq, stamp_ns, now)
-        if window_start <= now < window_end:
-            num_sent += 1
-        for failure in core.submit(request, now):
-            ended(failure, now)
+    def send(step) -> None:
+        while step is not None:
+            now = time.time_ns()
+            request = camera_request(
+                step.robot, step.seq, stamp_ns=step.stamp_ns, deadline_ns=step.deadline_ns,
+                num_state=core.info.num_state,
+            )  # fmt: skip
+            sent[step.robot] = (step.stamp_ns, now)
+            counts['sent'] += int(judged[0] <= step.stamp_ns < judged[1])
+            step = None
+            for failure in core.submit(request, now):
+                step = ended(failure, time.time_ns())
 
-    def ended(out: StepResult | StepFailure, now: int) -> None:
-        nonlocal num_results, num_failures, num_on_time, horizon
-        robot = robots[out.robot_id]
-        _, stamp_ns, sent_ns = robot.in_flight
-        robot.in_flight = None
-        if window_start <= now < window_end:
-            if isinstance(out, StepResult):
-                num_results += 1
-                horizon = out.actions.shape[0]
+    def ended(out: StepResult | StepFailure, now: int):
+        robot = robot_index(out.robot_id)
+        stamp, sent_ns = sent.pop(robot)
+        delivered = isinstance(out, StepResult)
+        if judged[0] <= stamp < judged[1]:
+            counts['results' if delivered else 'failures'] += 1
+            if delivered:
+                horizons.add(out.actions.shape[0])
                 latencies.append((now - sent_ns) / 1e6)
-                ages.append((now - stamp_ns) / 1e6)
-                num_on_time += int(now - stamp_ns <= deadline_ns)
-            else:
-                num_failures += 1
-        if robot.waiting_stamp_ns is not None:
-            stamp, robot.waiting_stamp_ns = robot.waiting_stamp_ns, None
-            send(robot, stamp)
+                ages.append((now - stamp) / 1e6)
+        return fleet.ended(robot, now, delivered=delivered)
 
-    drain_end = window_end + round(plan.drain_timeout_s * 1e9)
-    while True:
+    drain_end = judged[1] + round(plan.drain_timeout_s * 1e9)
+    while not fleet.done():
         now = time.time_ns()
-        for robot in robots.values():
-            while now < window_end and robot.next_frame_ns <= now:
-                stamp = robot.next_frame_ns
-                robot.next_frame_ns += period_ns
-                if robot.in_flight is None:
-                    send(robot, stamp)
-                else:
-                    num_superseded += int(robot.waiting_stamp_ns is not None)
-                    robot.waiting_stamp_ns = stamp
-        if core.has_work():
-            for out in core.step(now):
-                ended(out, time.time_ns())
-        elif now >= window_end:
-            break
-        else:
-            due = min(r.next_frame_ns for r in robots.values())
-            time.sleep(max(0.0, min(due, window_end) - now) / 1e9)
         if now > drain_end:
             raise TimeoutError(f'{num_robots} robots: steps still open {plan.drain_timeout_s} s '
                                'after the window')  # fmt: skip
-    for robot_id in robots:
-        core.close_session(robot_id)
+        for step in fleet.images_until(now):
+            send(step)
+        if core.has_work():
+            for out in core.step(now):
+                send(ended(out, time.time_ns()))
+        else:
+            due = fleet.next_image_ns()
+            time.sleep(max(0, due - now) / 1e9 if due is not None else 0.0)
+    for robot in range(num_robots):
+        core.close_session(f'robot_{robot}')
     while core.has_work():
         core.step(time.time_ns())
-    num_ended = num_results + num_failures
+    measure = fleet.measure()
+    horizon = max(horizons, default=0)
+    num_ended = counts['results'] + counts['failures']
+    num_on_time = sum(e.on_time for e in fleet.ends if judged[0] <= e.stamp_ns < judged[1])
     return PacedPoint(
         num_robots=num_robots,
         window_s=plan.duration_s,
-        num_sent=num_sent,
-        num_results=num_results,
-        num_failures=num_failures,
+        num_sent=counts['sent'],
+        num_results=counts['results'],
+        num_failures=counts['failures'],
         num_on_time=num_on_time,
-        num_superseded_frames=num_superseded,
-        latency_ms_p50=_pct(latencies, 50),
-        latency_ms_p99=_pct(latencies, 99),
-        age_ms_p99=_pct(ages, 99),
-        deadline_met_share=num_on_time / num_ended if num_ended else float('nan'),
-        actions_per_s=num_results * horizon / plan.duration_s,
+        num_superseded_frames=fleet.num_superseded,
+        latency_ms_p50=percentile(latencies, 50),
+        latency_ms_p99=percentile(latencies, 99),
+        age_ms_p99=percentile(ages, 99),
+        deadline_met_share=num_on_time / num_ended if num_ended else math.nan,
+        actions_per_s=counts['results'] * horizon / plan.duration_s,
         target_actions_per_s=num_robots * horizon / plan.period_s,
+        capacity=measure,
     )
 
 
-def _pct(values: list[float], q: float) -> float:
-    return float(np.percentile(values, q)) if values else math.nan
-
-
 def markdown_table(points: list[PacedPoint]) -> str:
-    lines = [
-        '| robots | steps sent / results / failures | latency p50 ms | latency p99 ms '
-        '| frame age p99 ms | deadline met | actions/s | target | superseded frames |',
-        '|---|---|---|---|---|---|---|---|---|',
+    headers = ['robots', 'steps sent / results / failures', 'latency p50 ms', 'latency p99 ms']
+    headers += ['frame age p99 ms', 'deadline met', 'actions/s', 'target', 'superseded frames']
+    rows = [
+        [
+            p.num_robots,
+            f'{p.num_sent} / {p.num_results} / {p.num_failures}',
+            p.latency_ms_p50,
+            p.latency_ms_p99,
+            p.age_ms_p99,
+            f'{100 * p.deadline_met_share:.0f}%',
+            p.actions_per_s,
+            f'{p.target_actions_per_s:.0f}',
+            p.num_superseded_frames,
+        ]
+        for p in points
     ]
-    for p in points:
-        lines.append(
-            f'| {p.num_robots} | {p.num_sent} / {p.num_results} / {p.num_failures} '
-            f'| {p.latency_ms_p50:.1f} | {p.latency_ms_p99:.1f} | {p.age_ms_p99:.1f} '
-            f'| {100 * p.deadline_met_share:.0f}% | {p.actions_per_s:.1f} '
-            f'| {p.target_actions_per_s:.0f} | {p.num_superseded_frames} |'
-        )
-    return '\n'.join(lines)
+    return render_table(headers, rows, digits=1)
+
+
+def run_capacity(
+    core: ScheduledCore, plan: PacedPlan, criteria: CapacityCriteria, *, max_robots: int
+) -> list[PacedPoint]:
+    """The capacity search over the ladder up to ``max_robots``, a paced window per count."""
+    points: list[PacedPoint] = []
+
+    def measure(num_robots: int) -> CapacityMeasure:
+        (point,) = run_paced(core, dataclasses.replace(plan, robot_counts=(num_robots,)))
+        points.append(point)
+        print(markdown_table([point]).splitlines()[-1], flush=True)
+        return point.capacity
+
+    search = search_capacity(
+        'engine core', robot_ladder(max_robots), measure, criteria, refine=True
+    )
+    print()
+    print(headline_table([search]))
+    print()
+    print(steps_table([search]))
+    return points
 
 
 def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault('HF_HUB_OFFLINE', '1')
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     parser.add_argument('--robots', type=int, nargs='+', default=[1, 4, 8, 12, 16, 32])
+    parser.add_argument('--period', type=float, default=0.1, help='camera period s')
+    parser.add_argument('--deadline-ms', type=float, default=100.0, help='after the stamp')
     parser.add_argument('--warmup', type=float, default=1.0, help='seconds before each window')
     parser.add_argument('--duration', type=float, default=4.0, help='measured seconds per count')
+    parser.add_argument('--capacity', action='store_true', help='search the capacity instead')
+    parser.add_argument('--max-robots', type=int, default=32, help='capacity: ladder top')
     parser.add_argument('--model-path', default='', help='checkpoint (default: the tiny one)')
     parser.add_argument('--device', choices=('cpu', 'cuda'), default='cpu')
     parser.add_argument('--cuda-graphs', action='store_true', help='replay decode as graphs')
     parser.add_argument('--json', default='', help='write the points here')
     args = parser.parse_args(argv)
     try:
-        plan = PacedPlan(tuple(args.robots), warmup_s=args.warmup, duration_s=args.duration)
+        plan = PacedPlan(
+            tuple(args.robots), args.period, args.deadline_ms, warmup_s=args.warmup,
+            duration_s=args.duration,
+        )  # fmt: skip
+        robot_ladder(args.max_robots)
     except ValueError as exc:
         parser.error(str(exc))
     core = make_core(args.model_path, device=args.device, cuda_graphs=args.cuda_graphs)
-    points = run_paced(core, plan)
-    print(markdown_table(points))
+    if args.capacity:
+        points = run_capacity(core, plan, CapacityCriteria(), max_robots=args.max_robots)
+    else:
+        points = run_paced(core, plan)
+        print(markdown_table(points))
     if args.json:
         rows = [dataclasses.asdict(p) for p in points]
         Path(args.json).write_text(json.dumps({'points': rows}, indent=1) + '\n')

@@ -5,30 +5,29 @@ step at a time through transformers ``generate``) are driven in this process, wi
 frontend, no transport and no simulated robots: every robot sends its next step (a fresh
 frame) the moment the previous one ends, so the core never waits. What a core delivers here
 bounds what any node built on it can deliver on the same machine, and where the time goes
-inside the scheduled core (model runner, the scheduler's own work, the core's glue around
-it: prompts, sessions, action decoding) says what limits it.
+inside the scheduled core (the model runner, timed by a runner wrapper given to the core;
+the rest of each ``step``: the scheduler and action decoding; the core's ``submit`` and the
+robots' side: prompts, sessions, frames) says what limits it. For the sequential core the
+model's time is its whole ``step`` (one ``generate`` call).
 
-    python bench/engine_throughput.py --robots 1 8 16 --duration 10
+    python -m bench.engine_throughput --robots 1 8 16 --duration 10
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
-os.environ.setdefault('HF_HUB_OFFLINE', '1')
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-
-from bench.engine_steps import step_request
-from bench.scheduler_cost import StopWatch
+from bench.lib.fleets import FrameSource, robot_index, step_request
+from bench.lib.stats import percentile
+from bench.lib.tables import markdown_table
+from bench.scheduler_cost import StopWatch, TimedRunner
 from vla_sched.engine.config import CORES, EngineConfig
-from vla_sched.engine.core_factory import build_core
+from vla_sched.engine.scheduled_core import ScheduledCore
+from vla_sched.engine.sequential_core import SequentialCore
 from vla_sched.ipc.messages import StepResult
 
 
@@ -41,8 +40,8 @@ class Throughput:
     steps_per_s: float
     step_ms_p50: float  # submit to result, per step
     model_ms: float
-    scheduler_ms: float
-    glue_ms: float
+    scheduler_ms: float  # the rest of the core's step: scheduler, action decoding
+    glue_ms: float  # submit and the robots' side
 
 
 def measure(
@@ -54,19 +53,27 @@ def measure(
     device: str,
     threads: int,
 ) -> Throughput:
-    core = build_core(
-        EngineConfig(core=core_name, model_path=model_path, device=device, cpu_threads=threads)
+    config = EngineConfig(
+        core=core_name, model_path=model_path, device=device, cpu_threads=threads
     )
-    model, sched, frames = StopWatch(), StopWatch(), StopWatch()
-    make_request = frames.wrap(
-        lambda robot, seq, now: step_request(robot, seq, now_ns=now, budget_s=60.0)
-    )
+    model, stepping, frames = StopWatch(), StopWatch(), StopWatch()
     if core_name == 'scheduled':
-        runner = core.scheduler.runner
-        runner.launch = model.wrap(runner.launch)
-        core.scheduler.run_once = sched.wrap(core.scheduler.run_once)
+        core = ScheduledCore.from_config(config, wrap_runner=lambda r: TimedRunner(r, model))
+        step = stepping.wrap(core.step)
     else:
-        core._generate = model.wrap(core._generate)
+        core = SequentialCore.from_config(config)
+        step = model.wrap(core.step)
+    source = FrameSource(width=64, height=64)
+    far = 60 * 10**9
+
+    def make_request(robot: int, seq: int, now: int):
+        frame = source.frame(seq * 31 + robot)
+        return step_request(
+            robot, seq, stamp_ns=now, deadline_ns=now + far, received_ns=now, frame=frame,
+            num_state=core.info.num_state,
+        )  # fmt: skip
+
+    make_request = frames.wrap(make_request)
     seqs = [1] * num_robots
     sent = {}
     for robot in range(num_robots):
@@ -79,12 +86,12 @@ def measure(
     while True:
         if start is None and time.monotonic() >= warmup_end:
             start, done, latencies = time.monotonic(), 0, []
-            model.ns = sched.ns = frames.ns = 0
+            model.ns = stepping.ns = frames.ns = 0
             busy_start = time.process_time()
         if start is not None and time.monotonic() - start >= duration_s:
             break
-        for out in core.step(time.time_ns()):
-            robot = int(out.robot_id.split('_')[1])
+        for out in step(time.time_ns()):
+            robot = robot_index(out.robot_id)
             now = time.time_ns()
             if isinstance(out, StepResult):
                 done += 1
@@ -97,36 +104,43 @@ def measure(
     core.close()
     per = max(1, done)
     model_ms = model.ns / 1e6
-    sched_ms = max(0.0, sched.ns / 1e6 - model_ms) if core_name == 'scheduled' else 0.0
+    sched_ms = max(0.0, stepping.ns / 1e6 - model_ms) if core_name == 'scheduled' else 0.0
     return Throughput(
         core=core_name,
         num_robots=num_robots,
         steps_per_s=done / elapsed,
-        step_ms_p50=statistics.median(latencies) if latencies else float('nan'),
+        step_ms_p50=percentile(latencies, 50),
         model_ms=model_ms / per,
         scheduler_ms=sched_ms / per,
         glue_ms=max(0.0, busy_ms - model_ms - sched_ms) / per,
     )
 
 
-def markdown_table(rows: list[Throughput]) -> str:
-    lines = [
-        '| robots | core | steps/s | submit to result p50 ms | per step: model ms | scheduler ms '
-        '| glue ms | scheduled / sequential |',
-        '|---|---|---|---|---|---|---|---|',
-    ]
+def throughput_table(rows: list[Throughput]) -> str:
     rate = {(r.core, r.num_robots): r.steps_per_s for r in rows}
+    cells = []
     for r in rows:
         seq = rate.get(('sequential', r.num_robots))
         ratio = f'{r.steps_per_s / seq:.2f}x' if r.core == 'scheduled' and seq else ''
-        lines.append(
-            f'| {r.num_robots} | {r.core} | {r.steps_per_s:.1f} | {r.step_ms_p50:.1f} '
-            f'| {r.model_ms:.2f} | {r.scheduler_ms:.2f} | {r.glue_ms:.2f} | {ratio} |'
+        cells.append(
+            [
+                r.num_robots,
+                r.core,
+                f'{r.steps_per_s:.1f}',
+                f'{r.step_ms_p50:.1f}',
+                r.model_ms,
+                r.scheduler_ms,
+                r.glue_ms,
+                ratio,
+            ]
         )
-    return '\n'.join(lines)
+    headers = ['robots', 'core', 'steps/s', 'submit to result p50 ms', 'per step: model ms']
+    headers += ['scheduler ms', 'glue ms', 'scheduled / sequential']
+    return markdown_table(headers, cells)
 
 
 def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault('HF_HUB_OFFLINE', '1')
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     parser.add_argument('--robots', type=int, nargs='+', default=[1, 8, 16])
     parser.add_argument('--duration', type=float, default=10.0, help='measured seconds')
@@ -153,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
             r = rows[-1]
             print(f'{core:>10} N={n:<3} {r.steps_per_s:6.1f} steps/s', flush=True)
     print()
-    print(markdown_table(rows))
+    print(throughput_table(rows))
     return 0
 
 

@@ -1,12 +1,13 @@
 """Does a new image's prefill make a running robot's inter-token latency jump?
 
 The real engine core (``ScheduledCore``: scheduler, paged KV, the checkpoint's model runner;
-the tiny random checkpoint on the CPU by default) serves N robots that each send a control
-step (a fresh frame) every ``--period`` seconds, at most one in flight. Every launched batch
-is recorded with its start and end; every output token of every finished step with the time
-the scheduler processed it. Each gap between two tokens of a step is classified by whether a
-prefill (extend) batch ran inside it, as ``bench/sim_scheduler.py`` does on its simulated
-GPU. The scheduler variants:
+the tiny random checkpoint on the CPU by default) serves N robots (``bench/lib/fleets.py``:
+a camera every ``--period`` seconds, phases spread over the period, at most one step in
+flight, the newest image waiting). Every launched batch is recorded with its start and end
+(a runner wrapper given to the core); every output token of every finished step with the
+time the scheduler processed it. Each gap between two tokens of a step is classified by
+whether a prefill (extend) pass ran inside it (``bench/lib/itl.py``, as the simulator does).
+The scheduler variants (given to the core as its ``scheduler_config``):
 
 - ``sglang``: prefill first (delayer off), no chunking, no decode interval;
 - ``delayer``: the prefill delayer on with its near-done trigger (``--near-done`` tokens);
@@ -17,8 +18,13 @@ GPU. The scheduler variants:
   passes and decode bursts on the CPU);
 - ``unmixed``: the engine default without mixed passes.
 
-    python bench/itl_jump.py                    # 8 robots at 5 Hz, 6 variants x 10 s
-    python bench/itl_jump.py --robots 4 --duration 5 --variants sglang delayer
+``--hold-decodes`` holds each decode pass, while a robot is idle, until that robot's next
+image is due, so its step is queued while the running step still decodes: every run then
+has prefills inside running steps' gaps, however fast the machine (the worst case for the
+jump, and what the tests use).
+
+    python -m bench.itl_jump                    # 8 robots at 5 Hz, 6 variants x 10 s
+    python -m bench.itl_jump --robots 4 --duration 5 --variants sglang delayer
 """
 
 from __future__ import annotations
@@ -26,27 +32,23 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-os.environ.setdefault('HF_HUB_OFFLINE', '1')
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import numpy as np
-
+from bench.lib.fleets import Fleet, FleetTiming, FrameSource, robot_index, step_request
+from bench.lib.itl import ItlSummary, itl_gaps
+from bench.lib.stats import percentile
+from bench.lib.tables import markdown_table
 from bench.scheduler_cost import release_device_memory
-from bench.sim_scheduler import itl_samples
 from vla_sched.core.forward_batch import ForwardBatch, ForwardMode
 from vla_sched.core.scheduling.request import FinishKind, Req
 from vla_sched.core.scheduling.scheduler_config import PrefillDelayerConfig, SchedulerConfig
 from vla_sched.engine.config import EngineConfig
-from vla_sched.engine.scheduled_core import ScheduledCore
-from vla_sched.ipc.messages import StepRequest
-from vla_sched.synthetic_frames import synthetic_frame
+from vla_sched.engine.scheduled_core import ScheduledCore, scheduler_config_for
 from vla_sched.testing.sim_runner import StepRecord
 
 VARIANTS = ('sglang', 'delayer', 'chunked', 'delayer+chunked', 'engine default', 'unmixed')
@@ -87,32 +89,27 @@ def make_variants(names: list[str], *, chunk: int, near_done: int) -> list[Varia
     return [table[name] for name in names]
 
 
-class VariantCore(ScheduledCore):
-    """The engine core with a scheduler variant and a record of every launched batch."""
+class LaunchRecorder:
+    """A runner that records each launched batch as a ``StepRecord`` in ``steps``: it ends
+    when ``launch`` returns on the CPU (which computes there), else when its tokens are
+    first waited for. With ``hold``, a decode pass first waits until ``hold()`` (an instant
+    on the wall clock, or None: no wait)."""
 
-    def __init__(self, config: EngineConfig, variant: Variant) -> None:
-        from vla_sched.engine.checkpoints import resolve_checkpoint
-
-        self.variant = variant
+    def __init__(self, inner, *, on_cpu: bool, hold: Callable[[], int | None] | None) -> None:
+        self.inner, self.on_cpu, self.hold = inner, on_cpu, hold
         self.steps: list[StepRecord] = []
-        folder, random_weights = resolve_checkpoint(config.model_path)
-        super().__init__(config, folder=folder, random_weights=random_weights)
-        runner = self.scheduler.runner
-        runner.launch = self._recorded(runner.launch, on_cpu=runner.device.type == 'cpu')
 
-    def _recorded(self, launch, *, on_cpu: bool):
-        """``launch`` that records each step; it ends when ``launch`` returns on the CPU
-        (which computes there), else when its tokens are first waited for."""
-
-        def recorded(batch: ForwardBatch):
-            start = time.time_ns()
-            handle = launch(batch)
-            if on_cpu:
-                self._record(batch, start)
-                return handle
-            return _EndStamp(handle, lambda: self._record(batch, start))
-
-        return recorded
+    def launch(self, batch: ForwardBatch):
+        if self.hold is not None and batch.forward_mode is ForwardMode.DECODE:
+            due = self.hold()
+            if due is not None:
+                time.sleep(max(0, due - time.time_ns()) / 1e9)
+        start = time.time_ns()
+        handle = self.inner.launch(batch)
+        if self.on_cpu:
+            self._record(batch, start)
+            return handle
+        return _EndStamp(handle, lambda: self._record(batch, start))
 
     def _record(self, batch: ForwardBatch, start_ns: int) -> None:
         self.steps.append(
@@ -120,9 +117,6 @@ class VariantCore(ScheduledCore):
                 batch.forward_mode, batch.batch_size, batch.num_tokens, start_ns, time.time_ns()
             )
         )
-
-    def _scheduler_config(self, device_type: str) -> SchedulerConfig:
-        return self.variant.apply(super()._scheduler_config(device_type))
 
 
 class _EndStamp:
@@ -137,6 +131,69 @@ class _EndStamp:
             self.on_end()
             self.on_end = None
         return output
+
+
+class JumpRun:
+    """The core under one variant, its launch recorder, and the fleet it is driving."""
+
+    def __init__(self, config: EngineConfig, variant: Variant, *, hold_decodes: bool) -> None:
+        self.fleet: Fleet | None = None
+        self.recorder: LaunchRecorder | None = None
+        device_type = 'cuda' if config.device == 'cuda' else 'cpu'
+
+        def wrap(runner):
+            hold = self._next_idle_image if hold_decodes else None
+            self.recorder = LaunchRecorder(runner, on_cpu=device_type == 'cpu', hold=hold)
+            return self.recorder
+
+        self.core = ScheduledCore.from_config(
+            config,
+            scheduler_config=variant.apply(scheduler_config_for(config, device_type)),
+            wrap_runner=wrap,
+        )
+
+    def _next_idle_image(self) -> int | None:
+        return self.fleet.next_idle_image_ns() if self.fleet is not None else None
+
+    def drive(self, num_robots: int, period_s: float, duration_s: float) -> tuple[list[Req], int]:
+        """A fleet of ``num_robots`` for ``duration_s``; the requests that finished and the
+        number of steps sent."""
+        timing = FleetTiming(
+            period_s=period_s, budget_s=60.0, warmup_s=0.0, duration_s=duration_s,
+            phases='spread',
+        )  # fmt: skip
+        fleet = self.fleet = Fleet(num_robots, timing, start_ns=time.time_ns())
+        frames = FrameSource(width=64, height=64)
+        core, done = self.core, []
+
+        def send(step) -> None:
+            if step is None:
+                return
+            now = time.time_ns()
+            request = step_request(
+                step.robot, step.seq, stamp_ns=step.stamp_ns, deadline_ns=step.deadline_ns,
+                received_ns=now, frame=frames.frame(step.seq * 31 + step.robot),
+                num_state=core.info.num_state,
+            )  # fmt: skip
+            if core.submit(request, now):
+                raise RuntimeError(f'robot_{step.robot} step {step.seq} was refused')
+
+        while not fleet.done():
+            for step in fleet.images_until(time.time_ns()):
+                send(step)
+            if core.has_work():
+                for req in core.scheduler.run_once():
+                    delivered = req.finished_reason.kind is FinishKind.LENGTH
+                    if delivered:
+                        done.append(req)
+                    send(
+                        fleet.ended(robot_index(req.robot_id), time.time_ns(), delivered=delivered)
+                    )
+            else:
+                due = fleet.next_image_ns()
+                time.sleep(max(0, due - time.time_ns()) / 1e9 if due is not None else 0.0)
+        self.fleet = None
+        return done, fleet.num_sent
 
 
 @dataclass
@@ -158,111 +215,51 @@ class JumpResult:
     num_prefill_batches: int
 
 
-def drive(core: VariantCore, *, num_robots: int, period_s: float, duration_s: float) -> tuple:
-    """Robots send a step per period (none while one is in flight); returns finished reqs."""
-    period_ns = round(period_s * 1e9)
-    start = time.time_ns()
-    next_due = [start + i * period_ns // num_robots for i in range(num_robots)]
-    in_flight = [False] * num_robots
-    seqs = [0] * num_robots
-    done: list[Req] = []
-    end = start + round(duration_s * 1e9)
-    while True:
-        now = time.time_ns()
-        for i in range(num_robots):
-            if now < end and not in_flight[i] and now >= next_due[i]:
-                seqs[i] += 1
-                frame = synthetic_frame(seqs[i] * 31 + i, width=64, height=64)
-                request = StepRequest(
-                    robot_id=f'robot_{i}',
-                    step_seq=seqs[i],
-                    stamp_ns=now,
-                    deadline_ns=now + 60 * 10**9,  # latency is measured, nothing dropped
-                    received_ns=now,
-                    image=frame,
-                    state=np.zeros(0, np.float32),
-                    instruction='pick up the red block',
-                    instruction_version=1,
-                )
-                if core.submit(request, now):
-                    raise RuntimeError(f'robot_{i} step {seqs[i]} was refused')
-                in_flight[i] = True
-                next_due[i] = max(next_due[i] + period_ns, now)
-        if core.has_work():
-            for req in core.scheduler.run_once():
-                in_flight[int(req.robot_id.split('_')[1])] = False
-                if req.finished_reason.kind is FinishKind.LENGTH:
-                    done.append(req)
-        elif now >= end:
-            break
-        else:
-            time.sleep(max(0.0, min(min(next_due) - now, end - now)) / 1e9)
-    return done, sum(seqs)
-
-
 def run_variant(variant: Variant, args: argparse.Namespace) -> JumpResult:
     config = EngineConfig(model_path=args.model_path, device=args.device, cpu_threads=args.threads)
-    core = VariantCore(config, variant)
-    drive(core, num_robots=args.robots, period_s=args.period, duration_s=min(2.0, args.duration))
-    core.steps.clear()  # warm-up (first images, the shared prefix) is not measured
-    done, sent = drive(
-        core, num_robots=args.robots, period_s=args.period, duration_s=args.duration
-    )
-    clean, hit = itl_samples(done, core.steps)
+    run = JumpRun(config, variant, hold_decodes=args.hold_decodes)
+    run.drive(args.robots, args.period, min(2.0, args.duration))
+    run.recorder.steps.clear()  # warm-up (first images, the shared prefix) is not measured
+    done, num_sent = run.drive(args.robots, args.period, args.duration)
+    steps = run.recorder.steps
+    itl = ItlSummary.of(*itl_gaps(done, steps))
     latency = [(r.times.finished_ns - r.times.arrival_ns) / 1e6 for r in done]
-    num_delayed = core.scheduler.metrics.num_delayed_prefills
-    num_prefills = sum(1 for s in core.steps if s.forward_mode is ForwardMode.EXTEND)
-    core.close()
-    del core, done  # the core and its launch hook form a cycle: free it (and its KV) now
-    release_device_memory()
-    return JumpResult(
+    metrics = run.core.scheduler.metrics
+    result = JumpResult(
         variant=variant.name,
-        num_steps_done=len(latency),
-        num_steps_sent=sent,
-        itl_clean_p50=_pct(clean, 50),
-        itl_clean_p99=_pct(clean, 99),
-        itl_prefill_p50=_pct(hit, 50),
-        itl_prefill_p99=_pct(hit, 99),
-        itl_max=max(clean + hit, default=float('nan')),
-        prefill_gap_share=len(hit) / max(1, len(clean) + len(hit)),
-        step_p50=_pct(latency, 50),
-        step_p99=_pct(latency, 99),
-        num_delayed_prefills=num_delayed,
-        num_prefill_batches=num_prefills,
+        num_steps_done=len(done),
+        num_steps_sent=num_sent,
+        itl_clean_p50=itl.clean_p50,
+        itl_clean_p99=itl.clean_p99,
+        itl_prefill_p50=itl.prefill_p50,
+        itl_prefill_p99=itl.prefill_p99,
+        itl_max=itl.max,
+        prefill_gap_share=itl.prefill_gap_share,
+        step_p50=percentile(latency, 50),
+        step_p99=percentile(latency, 99),
+        num_delayed_prefills=metrics.num_delayed_prefills,
+        num_prefill_batches=sum(1 for s in steps if s.forward_mode is ForwardMode.EXTEND),
     )
+    run.core.close()
+    release_device_memory()
+    return result
 
 
-def _pct(values: list[float], q: float) -> float:
-    return float(np.percentile(values, q)) if values else float('nan')
+HEADERS = (
+    'variant', 'steps done/sent', 'ITL p50 ms', 'ITL p99 ms', 'ITL with prefill p50 ms',
+    'ITL with prefill p99 ms', 'ITL max ms', 'gaps with prefill', 'step p50 ms', 'step p99 ms',
+    'delayed passes',
+)  # fmt: skip
 
 
-HEADER = (
-    '| variant | steps done/sent | ITL p50 ms | ITL p99 ms | ITL with prefill p50 ms '
-    '| ITL with prefill p99 ms | ITL max ms | gaps with prefill | step p50 ms | step p99 ms '
-    '| delayed passes |'
-)
-
-
-def format_row(r: JumpResult) -> str:
-    cells = [
+def table_row(r: JumpResult) -> list[object]:
+    return [
         r.variant,
         f'{r.num_steps_done}/{r.num_steps_sent}',
-        *(
-            f'{v:.1f}'
-            for v in (
-                r.itl_clean_p50,
-                r.itl_clean_p99,
-                r.itl_prefill_p50,
-                r.itl_prefill_p99,
-                r.itl_max,
-            )
-        ),
+        r.itl_clean_p50, r.itl_clean_p99, r.itl_prefill_p50, r.itl_prefill_p99, r.itl_max,
         f'{100 * r.prefill_gap_share:.0f}%',
-        f'{r.step_p50:.1f}',
-        f'{r.step_p99:.1f}',
-        str(r.num_delayed_prefills),
-    ]
-    return '| ' + ' | '.join(cells) + ' |'
+        r.step_p50, r.step_p99, r.num_delayed_prefills,
+    ]  # fmt: skip
 
 
 def summarize_repeats(results: list[JumpResult]) -> JumpResult:
@@ -289,6 +286,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument('--model-path', default='', help='checkpoint (default: the tiny one)')
     parser.add_argument('--device', choices=('cpu', 'cuda'), default='cpu')
     parser.add_argument('--threads', type=int, default=1, help='torch threads on the CPU')
+    parser.add_argument(
+        '--hold-decodes',
+        action='store_true',
+        help="hold a decode pass until an idle robot's next image is due",
+    )
     parser.add_argument('--json', default='', help='write the results here')
     args = parser.parse_args(argv)
     if min(args.robots, args.repeats, args.chunk, args.threads) < 1 or args.near_done < 0:
@@ -311,12 +313,9 @@ def main(argv: list[str] | None = None) -> int:
     for variant in variants:
         runs = [run_variant(variant, args) for _ in range(args.repeats)]
         results.append(summarize_repeats(runs))
-        print(format_row(results[-1]), flush=True)
+        print(markdown_table(HEADERS, [table_row(results[-1])], digits=1).splitlines()[-1])
     print()
-    print(HEADER)
-    print('|' + '---|' * (HEADER.count('|') - 1))
-    for r in results:
-        print(format_row(r))
+    print(markdown_table(HEADERS, [table_row(r) for r in results], digits=1))
     if args.json:
         rows = [dataclasses.asdict(r) for r in results]
         Path(args.json).write_text(json.dumps({'results': rows}, indent=1) + '\n')

@@ -7,7 +7,7 @@ checkpoints are served by the scheduled engine core in this process, no ROS: ``-
 robots, pairs of which share an instruction, each sending ``--steps`` steps with a new frame
 every step. Counts, not times, so the numbers are the same on any machine.
 
-    python bench/prefix_reuse.py --robots 4 --steps 5 --json results.json
+    python -m bench.prefix_reuse --robots 4 --steps 5 --json results.json
 """
 
 from __future__ import annotations
@@ -21,12 +21,9 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-os.environ.setdefault('HF_HUB_OFFLINE', '1')
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 import numpy as np
 
-from bench.engine_steps import step_request
+from bench.lib.fleets import FrameSource, step_request
 from vla_sched.engine.config import EngineConfig
 from vla_sched.engine.scheduled_core import ScheduledCore
 from vla_sched.ipc.messages import StepResult
@@ -51,12 +48,15 @@ class LayoutReuse:
 def measure(layout: str, config: EngineConfig, *, num_robots: int, num_steps: int) -> LayoutReuse:
     """Serve ``num_steps`` rounds of one step per robot; every round runs to completion."""
     core = ScheduledCore.from_config(config)
+    frames = FrameSource(width=64, height=64)
     try:
         later: list[StepResult] = []
         for seq in range(num_steps):
             for robot in range(num_robots):
+                now = time.time_ns()
                 request = step_request(
-                    robot, seq, now_ns=time.time_ns(),
+                    robot, seq, stamp_ns=now, deadline_ns=now + 600 * 10**9, received_ns=now,
+                    frame=frames.frame(seq * 31 + robot), num_state=core.info.num_state,
                     instruction=INSTRUCTIONS[robot % len(INSTRUCTIONS)],
                 )  # fmt: skip
                 failures = core.submit(request, time.time_ns())
@@ -102,6 +102,7 @@ def table(rows: list[LayoutReuse]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault('HF_HUB_OFFLINE', '1')
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     parser.add_argument('--robots', type=int, default=4)
     parser.add_argument('--steps', type=int, default=5, help='steps per robot')

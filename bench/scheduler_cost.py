@@ -17,8 +17,8 @@ Both with the overlap loop on and off. The overlap loop hides host work only whe
 ``launch`` returns before the device is done, that is on a GPU: on the CPU both loops
 do the same work in the same order, so their shares match.
 
-    python bench/scheduler_cost.py                       # B = 1 .. 256, null and model
-    python bench/scheduler_cost.py --batch-sizes 1 64 --steps 20 --runners null
+    python -m bench.scheduler_cost                       # B = 1 .. 256, null and model
+    python -m bench.scheduler_cost --batch-sizes 1 64 --steps 20 --runners null
 """
 
 from __future__ import annotations
@@ -36,25 +36,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault('HF_HUB_OFFLINE', '1')
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import numpy as np
 import torch
 
+from bench.lib.fleets import INSTRUCTION, FrameSource, step_request
+from bench.lib.tables import markdown_table
 from vla_sched.core.forward_batch import (
     ForwardBatch,
     ForwardMode,
     ForwardOutput,
-    ImageInput,
-    SamplingParams,
 )
 from vla_sched.core.memory.kv_config import KVMemoryConfig
 from vla_sched.core.memory.kv_memory import KVMemory
 from vla_sched.core.memory.pages import round_up_to_page
-from vla_sched.core.scheduling.request import Req
 from vla_sched.core.scheduling.scheduler import Scheduler
 from vla_sched.core.scheduling.scheduler_config import SchedulerConfig
+from vla_sched.engine.config import EngineConfig
+from vla_sched.engine.core_stats import num_state_values
+from vla_sched.engine.step_translator import StepTranslator, TranslatedStep
 
 RUNNERS = ('null', 'model')
 PAGE_SIZE = 16
@@ -115,32 +113,26 @@ class _TimedHandle:
         return self.watch.wrap(self.inner.result)()
 
 
-@dataclass(frozen=True, slots=True)
-class PromptShape:
-    """The checkpoint's prompt for one step: token ids, image span and action tokens."""
-
-    token_ids: tuple[int, ...]
-    image_offset: int
-    num_image_tokens: int
-    action_range: tuple[int, int]
-    num_action_tokens: int
-    image_size: int
-
-
-def prompt_shape(folder: Path) -> PromptShape:
-    from vla_sched.model.config.formats import read_checkpoint_spec
-    from vla_sched.model.prompting.prompt import VLAPromptBuilder
-
-    spec = read_checkpoint_spec(folder)
-    layout = VLAPromptBuilder.from_checkpoint(folder, spec=spec).build('pick up the red block')
-    return PromptShape(
-        token_ids=layout.token_ids,
-        image_offset=layout.image_offset,
-        num_image_tokens=layout.num_image_tokens,
-        action_range=spec.action_token_range,
-        num_action_tokens=spec.num_action_tokens,
-        image_size=spec.preprocessing.image_size,
-    )
+def robot_steps(
+    translator: StepTranslator, num_robots: int, *, max_new_tokens: int
+) -> list[TranslatedStep]:
+    """Step 1 of robots ``0..num_robots-1`` as the engine builds it (the checkpoint's
+    prompt, each robot its own session and a fresh frame), decoding ``max_new_tokens``
+    instead of H x D so the batch keeps decoding while it is timed."""
+    spec = translator.spec
+    size = spec.preprocessing.image_size
+    frames = FrameSource(width=size, height=size)
+    far = time.monotonic_ns() + 3600 * 10**9  # nothing expires while measured
+    steps = []
+    for robot in range(num_robots):
+        request = step_request(
+            robot, 1, stamp_ns=0, deadline_ns=far, received_ns=0, frame=frames.frame(robot),
+            num_state=num_state_values(spec),
+        )  # fmt: skip
+        step = translator.translate(request)
+        step.req.max_new_tokens = max_new_tokens
+        steps.append(step)
+    return steps
 
 
 @dataclass
@@ -168,12 +160,12 @@ class CostPoint:
 def build_scheduler(
     batch_size: int,
     max_new_tokens: int,
-    shape: PromptShape,
+    prompt_len: int,
     *,
     overlap: bool,
     runner_factory: Callable[[KVMemory], Any],
 ) -> Scheduler:
-    context = len(shape.token_ids) + max_new_tokens + PAGE_SIZE
+    context = prompt_len + max_new_tokens + PAGE_SIZE
     context = round_up_to_page(context, PAGE_SIZE)
     memory = KVMemory(
         KVMemoryConfig(
@@ -196,25 +188,10 @@ def build_scheduler(
     return Scheduler(config, memory, runner_factory(memory), clock=time.monotonic_ns)
 
 
-def make_request(i: int, shape: PromptShape, max_new_tokens: int, pixels: np.ndarray) -> Req:
-    images = ()
-    if shape.num_image_tokens:
-        images = (ImageInput(1000 + i, shape.image_offset, shape.num_image_tokens, pixels),)
-    return Req(
-        rid=f'robot_{i}/1',
-        origin_input_ids=shape.token_ids,
-        sampling=SamplingParams(*shape.action_range),
-        max_new_tokens=max_new_tokens,
-        images=images,
-        robot_id=f'robot_{i}',
-        step_seq=1,
-    )
-
-
 def measure(
     runner: str,
     batch_size: int,
-    shape: PromptShape,
+    translator: StepTranslator,
     *,
     overlap: bool,
     num_steps: int,
@@ -222,21 +199,24 @@ def measure(
 ) -> CostPoint:
     """Admit ``batch_size`` requests, then time ``num_steps`` decode iterations."""
     max_new_tokens = num_steps + 64
+    steps = robot_steps(translator, batch_size, max_new_tokens=max_new_tokens)
     model = StopWatch()
     sched = build_scheduler(
         batch_size,
         max_new_tokens,
-        shape,
+        len(steps[0].req.origin_input_ids),
         overlap=overlap,
         runner_factory=lambda memory: TimedRunner(runner_factory(memory), model),
     )
     next_batch, process = StopWatch(), StopWatch()
     sched.get_next_batch_to_run = next_batch.wrap(sched.get_next_batch_to_run)
     sched.loop.results.process = process.wrap(sched.loop.results.process)
-    pixels = np.zeros((shape.image_size, shape.image_size, 3), dtype=np.uint8)
     start = time.perf_counter_ns()
-    for i in range(batch_size):
-        if sched.add_request(make_request(i, shape, max_new_tokens, pixels)) is not None:
+    for i, step in enumerate(steps):
+        sched.open_or_update_session(
+            step.req.robot_id, step.session_prefix, instruction_version=step.instruction_version
+        )
+        if sched.add_request(step.req) is not None:
             raise RuntimeError(f'request {i} of {batch_size} was refused')
     while not _all_decoding(sched, batch_size):
         sched.run_once()
@@ -309,14 +289,15 @@ def run(args: argparse.Namespace) -> list[CostPoint]:
     from vla_sched.engine.checkpoints import resolve_checkpoint
 
     folder, _ = resolve_checkpoint(args.model_path)
-    shape = prompt_shape(folder)
+    translator = StepTranslator.from_checkpoint(folder, EngineConfig(model_path=args.model_path))
+    layout = translator.prompts.build(INSTRUCTION)
     factories: dict[str, Callable[[KVMemory], Any]] = {'null': lambda memory: NullRunner()}
     if 'model' in args.runners:
         dtype = torch.bfloat16 if args.device == 'cuda' else torch.float32
         factories['model'] = model_runner_factory(folder, args.device, dtype)
     print(
-        f'scheduler cost: {folder.name}, prompt {len(shape.token_ids)} tokens '
-        f'({shape.num_image_tokens} image), {args.steps} decode steps per point, device '
+        f'scheduler cost: {folder.name}, prompt {len(layout.token_ids)} tokens '
+        f'({layout.num_image_tokens} image), {args.steps} decode steps per point, device '
         f'{args.device}, torch threads {torch.get_num_threads()}',
         flush=True,
     )
@@ -327,7 +308,7 @@ def run(args: argparse.Namespace) -> list[CostPoint]:
                 point = measure(
                     runner,
                     b,
-                    shape,
+                    translator,
                     overlap=overlap,
                     num_steps=args.steps,
                     runner_factory=factories[runner],
@@ -347,19 +328,25 @@ def format_point(p: CostPoint) -> str:
     )
 
 
-def markdown_table(points: list[CostPoint]) -> str:
-    lines = [
-        '| runner | overlap | batch | step us | scheduler us | per request us | scheduler share '
-        '| next batch us | results us | admit B ms |',
-        '|---|---|---|---|---|---|---|---|---|---|',
+def cost_table(points: list[CostPoint]) -> str:
+    headers = ['runner', 'overlap', 'batch', 'step us', 'scheduler us', 'per request us']
+    headers += ['scheduler share', 'next batch us', 'results us', 'admit B ms']
+    rows = [
+        [
+            p.runner,
+            'on' if p.overlap else 'off',
+            p.batch_size,
+            f'{p.step_us:.0f}',
+            f'{p.sched_us:.0f}',
+            f'{p.sched_us / p.batch_size:.1f}',
+            f'{100 * p.sched_share:.1f}%',
+            f'{p.next_batch_us:.0f}',
+            f'{p.process_us:.0f}',
+            f'{p.admit_ms:.1f}',
+        ]
+        for p in points
     ]
-    for p in points:
-        lines.append(
-            f'| {p.runner} | {"on" if p.overlap else "off"} | {p.batch_size} | {p.step_us:.0f} '
-            f'| {p.sched_us:.0f} | {p.sched_us / p.batch_size:.1f} | {100 * p.sched_share:.1f}% '
-            f'| {p.next_batch_us:.0f} | {p.process_us:.0f} | {p.admit_ms:.1f} |'
-        )
-    return '\n'.join(lines)
+    return markdown_table(headers, rows)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -380,11 +367,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault('HF_HUB_OFFLINE', '1')
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     points = run(args)
     print()
-    print(markdown_table(points))
+    print(cost_table(points))
     if args.json:
         rows = [{**dataclasses.asdict(p), 'sched_us': p.sched_us} for p in points]
         Path(args.json).write_text(json.dumps({'points': rows}, indent=1) + '\n')

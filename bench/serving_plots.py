@@ -1,6 +1,6 @@
 """PNG plots of the serving benchmarks from their ``--json`` outputs (matplotlib).
 
-    python bench/serving_plots.py --control-loop cl.json --itl itl.json --cost cost.json \\
+    python -m bench.serving_plots --control-loop cl.json --itl itl.json --cost cost.json \\
         --out docs/img --tag cpu
 
 writes ``control_loop_<tag>.png`` (actions/s and p99 latency against the robot count, both

@@ -23,8 +23,8 @@ growth after the warm-up is given as a least-squares slope over those samples (k
 ``--trace-frames N`` also traces the engine's Python allocations (``tracemalloc``, N frames
 deep) and reports the source lines whose held memory grew most after the warm-up.
 
-    python bench/soak.py --robots 8 --steps 30000 --image-size 224 --json soak.json
-    python bench/soak.py --transport inprocess --steps 30000 --image-size 224
+    python -m bench.soak --robots 8 --steps 30000 --image-size 224 --json soak.json
+    python -m bench.soak --transport inprocess --steps 30000 --image-size 224
 """
 
 from __future__ import annotations
@@ -42,12 +42,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault('HF_HUB_OFFLINE', '1')
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 import numpy as np
 
-from bench.engine_steps import step_request
+from bench.lib.fleets import FrameSource, step_request
 from bench.soak_probe import PROBE_ENV, ProbeConfig, ProbedCore, ProbeReport, probe_env
 from vla_sched.engine.config import EngineConfig, EngineLinkConfig
 from vla_sched.ipc.messages import EngineStats, StepFailure, StepResult
@@ -343,6 +340,8 @@ def _drive(
     result.engine_pid = engine.pid
     own_pid = os.getpid()
     action_shape = (engine.info.action_horizon, engine.info.action_dim)
+    num_state = engine.info.num_state
+    frames = FrameSource(width=config.image_size, height=config.image_size)
     open_steps: set[tuple[str, int]] = set()  # sent and not ended yet
     seqs = [0] * config.num_robots
     num_ended = 0
@@ -359,13 +358,12 @@ def _drive(
 
     def send(robot: int) -> list[StepResult | StepFailure]:
         seqs[robot] += 1
+        now = time.time_ns()
         request = step_request(
-            robot,
-            seqs[robot],
-            now_ns=time.time_ns(),
-            image_size=config.image_size,
-            budget_s=config.step_budget_ms / 1e3,
-        )
+            robot, seqs[robot], stamp_ns=now, received_ns=now,
+            deadline_ns=now + round(config.step_budget_ms * 1e6),
+            frame=frames.frame(seqs[robot] * 31 + robot), num_state=num_state,
+        )  # fmt: skip
         open_steps.add((request.robot_id, request.step_seq))
         result.num_steps_sent += 1
         try:
@@ -495,6 +493,7 @@ def report(result: SoakResult) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault('HF_HUB_OFFLINE', '1')
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     parser.add_argument(
         '--transport',

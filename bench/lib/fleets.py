@@ -96,6 +96,22 @@ class Fleet:
         due = min(self._next_image_ns)
         return due if due < self.window[1] else None
 
+    def next_idle_image_ns(self) -> int | None:
+        """When the next image of a robot with no step in flight and none waiting is due;
+        None when every robot is busy or every camera stopped."""
+        due = [
+            self._next_image_ns[r]
+            for r in range(self.num_robots)
+            if not self._in_flight[r] and self._waiting[r] is None
+        ]
+        first = min(due, default=None)
+        return first if first is not None and first < self.window[1] else None
+
+    @property
+    def num_sent(self) -> int:
+        """Steps sent so far, every robot's."""
+        return sum(self._seq)
+
     def in_flight(self) -> int:
         return sum(self._in_flight)
 

@@ -1,5 +1,6 @@
-"""``bench/control_loop.py --capacity`` through ROS, tiny: each system is searched, the
-search stops as told, and both reports give each system's capacity and 1-robot latency."""
+"""``python -m bench.control_loop --capacity`` through ROS, tiny: the node with each engine
+core is searched, the search stops as told, and both reports give each system's capacity
+and 1-robot latency."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.slow
 def test_the_capacity_search_serves_each_system_and_reports_its_capacity(tmp_path):
     out, md = tmp_path / 'capacity.json', tmp_path / 'capacity.md'
-    cmd = [sys.executable, str(ROOT / 'bench' / 'control_loop.py'), '--capacity']
+    cmd = [sys.executable, '-m', 'bench.control_loop', '--capacity']
     cmd += ['--robots', '1', '2', '--max-failures-in-row', '1', '--warmup', '0.5']
     cmd += ['--duration', '2', '--json', str(out), '--markdown', str(md)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=280, cwd=ROOT)
@@ -25,7 +26,7 @@ def test_the_capacity_search_serves_each_system_and_reports_its_capacity(tmp_pat
     record = json.loads(out.read_text())
     assert record['mode'] == 'capacity' and len(record['load_average_start']) == 3
     searches = {s['system']: s for s in record['searches']}
-    assert set(searches) == {'vla_sched', 'baseline'}
+    assert set(searches) == {'scheduled', 'sequential'}
     for search in searches.values():
         counts = [step['num_robots'] for step in search['steps']]
         passed = [not step['failures'] for step in search['steps']]

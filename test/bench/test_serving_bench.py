@@ -12,15 +12,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _bench(name: str):
-    """Import ``bench.<name>`` with the repository root on the path (as the scripts do)."""
-    if str(ROOT) not in sys.path:
-        sys.path.insert(0, str(ROOT))
+    """``bench.<name>``, imported when a test needs it (some import rclpy)."""
     return importlib.import_module(f'bench.{name}')
 
 
@@ -28,7 +25,7 @@ def _bench(name: str):
 
 
 def _window(chunks: int, latencies: list[float], *, late: int = 0, deadline_refusals: int = 0):
-    fleet = _bench('robot_fleet')
+    fleet = _bench('lib.ros_fleet')
     robot = {
         'num_chunks': chunks,
         'misses': late + deadline_refusals,
@@ -45,7 +42,7 @@ def test_a_loop_point_counts_actions_misses_and_pools_latencies_over_windows():
         _window(10, [10.0] * 10, late=1),
         _window(20, [20.0] * 19 + [400.0], deadline_refusals=2),
     ]
-    point = loop.summarize('vla_sched', 4, plan, windows, retracts=[1, 2])
+    point = loop.summarize('scheduled', 4, plan, windows, retracts=[1, 2])
     assert point.actions_per_s == [10.0, 20.0]  # chunks x horizon 2 / 2 s
     assert point.target_actions_per_s == pytest.approx(80.0)  # 4 robots x 2 actions x 10 Hz
     assert point.miss_rate == pytest.approx(3 / 32)  # 3 misses over 30 chunks + 2 refusals
@@ -55,15 +52,15 @@ def test_a_loop_point_counts_actions_misses_and_pools_latencies_over_windows():
     assert point.latency_ms_p99 > 20.0
 
 
-def test_the_report_gives_ratios_of_vla_sched_over_the_baseline():
+def test_the_report_gives_ratios_of_the_scheduled_core_over_the_sequential_one():
     loop = _bench('control_loop')
     plan = loop.LoopPlan(robot_counts=(8,))
-    ours = loop.summarize('vla_sched', 8, plan, [_window(50, [100.0] * 50)], [0])
-    base = loop.summarize('baseline', 8, plan, [_window(10, [400.0] * 10)], [0])
+    ours = loop.summarize('scheduled', 8, plan, [_window(50, [100.0] * 50)], [0])
+    base = loop.summarize('sequential', 8, plan, [_window(10, [400.0] * 10)], [0])
     tables = loop.markdown_tables([base, ours])
     assert '| 8 | 5.00x | 0.25 | 0.25 |' in tables
     rows = [line for line in tables.splitlines() if line.startswith('| 8 | ')]
-    assert rows[0].startswith('| 8 | vla_sched | 50.0 (50.0-50.0) | 160 | 100 | 100 | 0.0% | 0 |')
+    assert rows[0].startswith('| 8 | scheduled | 50.0 (50.0-50.0) | 160 | 100 | 100 | 0.0% | 0 |')
 
 
 def test_loop_plan_rejects_bad_settings_by_name():
@@ -72,42 +69,6 @@ def test_loop_plan_rejects_bad_settings_by_name():
         loop.LoopPlan(period_s=0.0)
     with pytest.raises(ValueError, match='systems'):
         loop.LoopPlan(systems=('vllm',))
-
-
-def test_baseline_robot_sends_when_due_with_the_newest_image_it_had_then():
-    cadence = _bench('baseline_node').RobotCadence(period_ns=100)
-    frame = np.zeros((2, 2, 3), np.uint8)
-    assert cadence.send_time() is None  # no image yet
-    cadence.offer(frame, 10, 12)
-    assert cadence.send_time() == 12  # first step: as soon as an image is there
-    (_, stamp, _), sent = cadence.take()
-    assert (stamp, sent, cadence.next_due_ns) == (10, 12, 112)
-    for stamp in (40, 90, 130):
-        cadence.offer(frame, stamp, stamp + 1)
-    assert cadence.send_time() is None  # in flight
-    cadence.finish(95)
-    assert cadence.send_time() == 112  # its period comes after the step ended
-    (_, stamp, _), sent = cadence.take()
-    assert (stamp, sent) == (90, 112)  # the frame of t=130 arrived after the step was sent
-    cadence.finish(400)
-    (_, stamp, _), sent = cadence.take()
-    assert (stamp, sent, cadence.next_due_ns) == (130, 400, 500)  # fell behind: re-based
-
-
-def test_baseline_robot_on_image_sends_each_new_image_once_its_step_ended():
-    cadence = _bench('baseline_node').RobotCadence(period_ns=0)
-    frame = np.zeros((2, 2, 3), np.uint8)
-    cadence.offer(frame, 0, 1)
-    assert cadence.take()[1] == 1
-    cadence.offer(frame, 10, 11)
-    cadence.offer(frame, 20, 21)
-    cadence.finish(30)
-    (_, stamp, _), sent = cadence.take()
-    assert (stamp, sent) == (20, 30)  # the newest waiting image, as the step ended
-    cadence.finish(35)
-    assert cadence.send_time() is None  # no new image yet
-    cadence.offer(frame, 40, 41)
-    assert cadence.send_time() == 41
 
 
 def test_null_runner_samples_the_first_allowed_token_only_where_asked():
@@ -133,7 +94,7 @@ def test_plots_are_written_as_png_files_from_the_json_records(tmp_path):
                 'target_actions_per_s': 20.0 * n,
                 'latency_ms_p99': 100.0 * k,
             }
-            for s, k in (('vla_sched', 1), ('baseline', 2))
+            for s, k in (('scheduled', 1), ('sequential', 2))
             for n in (1, 2)
         ],
     }
@@ -182,6 +143,10 @@ def test_itl_jump_classifies_every_token_gap_of_the_finished_steps(tmp_path):
     itl = _bench('itl_jump')
     out = tmp_path / 'itl.json'
     argv = ['--robots', '2', '--period', '0.05', '--duration', '1.5', '--json', str(out)]
+    # Each decode pass waits while the other robot is idle until its next image is due, so
+    # that robot's step is queued while the running step still decodes: however fast or busy
+    # the machine, a prefill lands inside a running step's gap.
+    argv.append('--hold-decodes')
     assert itl.main([*argv, '--variants', 'sglang', 'delayer+chunked']) == 0
     results = json.loads(out.read_text())['results']
     assert [r['variant'] for r in results] == ['sglang', 'delayer+chunked']
@@ -190,7 +155,7 @@ def test_itl_jump_classifies_every_token_gap_of_the_finished_steps(tmp_path):
         assert 0 < r['itl_clean_p50'] <= r['itl_max']
         assert 0.0 <= r['prefill_gap_share'] <= 1.0
         assert r['step_p50'] <= r['step_p99']
-    # Two robots a step apart: some decode gap must hold the other robot's prefill.
+    # Prefill first (sglang): the other robot's queued step is prefilled inside a gap.
     assert results[0]['prefill_gap_share'] > 0
     assert not math.isnan(results[0]['itl_prefill_p99'])
 
@@ -210,36 +175,49 @@ def test_engine_throughput_compares_both_cores_and_splits_the_scheduled_time(cap
 
 
 @pytest.mark.slow
-def test_openvla_shaped_checkpoint_loads_in_both_engines(tmp_path):
-    ckpt = _bench('lib.checkpoints')
-    baseline = _bench('baseline_node')
-    folder = ckpt.write_openvla_folder(tmp_path / 'ckpt', tiny=True, num_shards=2)
-    from vla_sched.model.loading.checkpoint import load_checkpoint
+def test_openvla_shaped_checkpoint_is_served_by_both_engine_cores(tmp_path):
+    from bench.lib.checkpoints import write_openvla_folder
+    from bench.lib.fleets import step_request
+    from vla_sched.engine.config import EngineConfig
+    from vla_sched.engine.core_factory import build_core
+    from vla_sched.ipc.messages import StepResult
     from vla_sched.model.prompting.prompt import VLAPromptBuilder
 
+    folder = write_openvla_folder(tmp_path / 'ckpt', tiny=True, num_shards=2)
     layout = VLAPromptBuilder.from_checkpoint(folder).build('pick up the block')
     assert layout.token_ids[0] == 1 and layout.image_offset == 1  # BOS, then the image
     assert layout.num_image_tokens == 256
-    assert load_checkpoint(folder).spec.action_token_range == (31744, 32000)
-    policy = baseline.GeneratePolicy(folder, device=torch.device('cpu'), dtype=torch.float32)
-    actions = policy.predict_action(np.zeros((64, 64, 3), np.uint8), 'pick up the block')
-    assert actions.shape == (1, 7) and np.all(np.isfinite(actions))
+    for core_name in ('scheduled', 'sequential'):
+        core = build_core(EngineConfig(core=core_name, model_path=str(folder)))
+        request = step_request(
+            0, 1, stamp_ns=0, deadline_ns=2**62, received_ns=0,
+            frame=np.zeros((224, 224, 3), np.uint8), num_state=core.info.num_state,
+            instruction='pick up the block',
+        )  # fmt: skip
+        assert core.submit(request, 0) == []
+        outs = []
+        while core.has_work():
+            outs += core.step(0)
+        core.close()
+        (out,) = outs
+        assert isinstance(out, StepResult), out
+        assert out.actions.shape == (1, 7) and np.all(np.isfinite(out.actions))
 
 
 @pytest.mark.ros
 @pytest.mark.slow
-def test_control_loop_serves_robots_with_both_systems_and_prints_the_ratios(tmp_path):
+def test_control_loop_serves_robots_with_both_cores_and_prints_the_ratios(tmp_path):
     out = tmp_path / 'loop.json'
-    cmd = [sys.executable, str(ROOT / 'bench' / 'control_loop.py'), '--robots', '1', '2']
+    cmd = [sys.executable, '-m', 'bench.control_loop', '--robots', '1', '2']
     cmd += ['--warmup', '0.5', '--duration', '2', '--windows', '1', '--json', str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=280, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     points = json.loads(out.read_text())['points']
     assert {(p['system'], p['num_robots']) for p in points} == {
-        (s, n) for s in ('vla_sched', 'baseline') for n in (1, 2)
+        (s, n) for s in ('scheduled', 'sequential') for n in (1, 2)
     }
     assert all(p['num_chunks'] > 0 for p in points)
-    assert '| robots | actions/s vla_sched / baseline |' in proc.stdout
+    assert '| robots | actions/s scheduled / sequential |' in proc.stdout
 
 
 @pytest.mark.slow
@@ -254,3 +232,43 @@ def test_prefix_reuse_shows_image_first_prompts_share_nothing_but_bos(tmp_path):
     assert image_first['session_prefix_len'] == 1  # BOS, then the frame's image
     assert image_first['cached_tokens_per_step'] == 0
     assert image_first['prefilled_tokens_per_step'] == image_first['prompt_len']
+
+
+@pytest.mark.slow
+def test_engine_paced_judges_each_count_by_the_capacity_rule(tmp_path):
+    paced = _bench('engine_paced')
+    out = tmp_path / 'paced.json'
+    argv = ['--capacity', '--max-robots', '2', '--warmup', '0.2', '--duration', '0.6']
+    assert paced.main([*argv, '--deadline-ms', '60000', '--json', str(out)]) == 0
+    points = json.loads(out.read_text())['points']
+    assert [p['num_robots'] for p in points] == [1, 2]
+    for p in points:
+        assert p['num_results'] > 0 and p['num_failures'] == 0
+        assert p['capacity']['on_time_share'] == 1.0  # a minute's deadline
+        assert 0 < p['capacity']['rate_share'] <= 1.0
+
+
+def test_sim_policies_prints_a_row_per_variant_on_the_simulated_clock(capsys):
+    policies = _bench('sim_policies')
+    argv = ['--robots', '2', '--duration-s', '1', '--policies', 'fcfs', '--no-overlap-row']
+    assert policies.main([*argv, '--interval-row', '0']) == 0
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith('| fcfs |')]
+    assert len(rows) == 4  # delayer off and on, each printed as it ends and in the table
+    assert rows[-2] == rows[0] and rows[-1] == rows[1]  # simulated: the same numbers
+
+
+@pytest.mark.parametrize(
+    'driver',
+    [
+        'control_loop', 'engine_paced', 'engine_throughput', 'itl_jump', 'scheduler_cost',
+        'sim_policies', 'soak', 'node_cpu', 'prefix_reuse', 'bench_memory', 'serving_plots',
+    ],
+)  # fmt: skip
+def test_every_driver_runs_as_a_module_with_help(driver):
+    proc = subprocess.run(
+        [sys.executable, '-m', f'bench.{driver}', '--help'],
+        capture_output=True, text=True, timeout=120, cwd=ROOT,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.startswith('usage: ')

@@ -5,20 +5,14 @@ from __future__ import annotations
 
 import importlib
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[2]
-
 
 def _soak():
-    """Import ``bench.soak`` with the repository root on the path (as the script does)."""
-    if str(ROOT) not in sys.path:
-        sys.path.insert(0, str(ROOT))
+    """``bench.soak``, imported when a test runs."""
     return importlib.import_module('bench.soak')
 
 

@@ -6,23 +6,18 @@ from __future__ import annotations
 import importlib
 import json
 import os
-import sys
-from pathlib import Path
 
 import pytest
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[2]
 RSS_FIELDS = ('rss_start_kb', 'rss_warm_kb', 'rss_end_kb', 'rss_fit_kb_per_step',
               'client_rss_start_kb', 'client_rss_warm_kb', 'client_rss_end_kb',
               'client_rss_fit_kb_per_step')  # fmt: skip
 
 
 def _soak():
-    """Import ``bench.soak`` with the repository root on the path (as the script does)."""
-    if str(ROOT) not in sys.path:
-        sys.path.insert(0, str(ROOT))
+    """``bench.soak``, imported when a test runs."""
     return importlib.import_module('bench.soak')
 
 
