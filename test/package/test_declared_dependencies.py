@@ -38,7 +38,7 @@ UNUSABLE_KEYS = {
 }
 # ROS packages that may be imported without being installed on this machine.
 KNOWN_ROS_PACKAGES = {'launch', 'launch_ros', 'launch_xml', 'cv_bridge', 'diagnostic_updater'}
-FIRST_PARTY = {'vla_sched', 'kernels', 'bench'}  # bench: the benchmarks' package, tested in test/bench
+FIRST_PARTY = {'vla_sched', 'kernels', 'bench'}  # bench: the benchmarks, tested in test/bench
 
 RUNTIME_GLOBS = ('vla_sched/**/*.py', 'kernels/**/*.py', 'launch/*.py', 'nodes/*')
 TEST_GLOBS = ('test/**/*.py',)
