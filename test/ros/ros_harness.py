@@ -2,8 +2,9 @@
 
 ``NodeProcess`` starts ``python -m vla_sched.ros.node`` with a parameter file. ``Harness``
 is an rclpy node (in its own context) that plays the robots: it publishes their images,
-joint states and instructions, and records every chunk, rejection and /diagnostics array
-the node publishes, with the time it arrived. Tests wait for events with ``spin_until``;
+joint states and instructions, and records every chunk, rejection, arm command (trajectory,
+twist, gripper) and /diagnostics array the node publishes, chunks, rejections and arrays with
+the time they arrived. Tests wait for events with ``spin_until``;
 nothing sleeps for a fixed time.
 """
 
@@ -23,11 +24,12 @@ import numpy as np
 import rclpy
 import yaml
 from diagnostic_msgs.msg import DiagnosticArray
+from geometry_msgs.msg import TwistStamped
 from rclpy.executors import SingleThreadedExecutor
 from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
 from rclpy.qos import qos_profile_sensor_data as sensor_qos
 from sensor_msgs.msg import CompressedImage, Image, JointState
-from std_msgs.msg import String
+from std_msgs.msg import Float64, String
 from trajectory_msgs.msg import JointTrajectory
 
 from vla_sched.msg import ActionChunk, StepRejected
@@ -80,6 +82,8 @@ class Harness:
         self.chunks: dict[str, list[tuple[int, ActionChunk]]] = defaultdict(list)
         self.rejected: dict[str, list[tuple[int, StepRejected]]] = defaultdict(list)
         self.trajectories: dict[str, list[JointTrajectory]] = defaultdict(list)
+        self.twists: dict[str, list[TwistStamped]] = defaultdict(list)
+        self.grippers: dict[str, list[Float64]] = defaultdict(list)
         self.diagnostics: list[tuple[int, DiagnosticArray]] = []
         self.images, self.joints, self.instructions = {}, {}, {}
         self._frames: dict[str, int] = defaultdict(int)
@@ -117,6 +121,12 @@ class Harness:
             f'/{rid}/vla/joint_trajectory',
             lambda m, r=rid: self.trajectories[r].append(m),
             50,
+        )
+        node.create_subscription(
+            TwistStamped, f'/{rid}/vla/twist', lambda m, r=rid: self.twists[r].append(m), 50
+        )
+        node.create_subscription(
+            Float64, f'/{rid}/vla/gripper', lambda m, r=rid: self.grippers[r].append(m), 50
         )
 
     # --- waiting ---------------------------------------------------------------------------
@@ -186,10 +196,13 @@ class Harness:
         self.images[rid].publish(msg)
         return stamp_ns
 
-    def publish_joints(self, rid: str, names=JOINTS, positions=None) -> None:
+    def publish_joints(
+        self, rid: str, names=JOINTS, positions=None, *, stamp_ns: int | None = None
+    ) -> None:
+        """A joint state stamped ``stamp_ns`` (now by default)."""
         positions = np.linspace(-0.5, 0.5, len(names)) if positions is None else positions
         msg = JointState(name=list(names), position=[float(p) for p in positions])
-        msg.header.stamp = ns_to_stamp(_now())
+        msg.header.stamp = ns_to_stamp(_now() if stamp_ns is None else stamp_ns)
         self.joints[rid].publish(msg)
 
     def publish_instruction(self, rid: str, text: str) -> None:

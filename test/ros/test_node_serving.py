@@ -20,7 +20,12 @@ from std_msgs.msg import String
 
 from vla_sched.msg import ActionChunk, StepRejected
 from vla_sched.ros.conversions import ns_to_stamp, stamp_to_ns
-from vla_sched.ros.diagnostic_keys import SCHEDULER_KEYS, robot_keys, status_names
+from vla_sched.ros.diagnostic_keys import (
+    SCHEDULER_KEYS,
+    STATE_AGE_KEY,
+    robot_keys,
+    status_names,
+)
 
 pytestmark = [pytest.mark.ros, pytest.mark.slow]
 
@@ -38,14 +43,16 @@ def _params() -> dict:
             'period_s': 0.25,
             'instruction': 'pick up the red block',
             'state_joint_names': list(JOINTS),
+            # dt = budget: a chunk published before its deadline has an action left to execute
+            'dt': BUDGET_S,
         },
         'robots': {
+            'robot_0': {'publish_twist': True, 'publish_gripper': True},
             'robot_2': {'image_transport': 'compressed'},
             'robot_1': {
                 'action_space': 'joint_position',
                 'action_joint_names': TRAJECTORY_JOINTS,
                 'publish_joint_trajectory': True,
-                'dt': 0.05,
                 'frame_id': 'robot_1/base',
             },
         },
@@ -109,19 +116,27 @@ def test_an_image_yields_a_chunk_with_the_right_shape_stamp_and_robot_id(served)
     assert list(chunk.joint_names) == TRAJECTORY_JOINTS
     assert chunk.action_space == ActionChunk.ACTION_SPACE_JOINT_POSITION
     assert stamp_to_ns(chunk.deadline) == stamp_ns + round(BUDGET_S * 1e9)
-    assert chunk.dt == pytest.approx(0.05)
+    assert chunk.dt == pytest.approx(BUDGET_S)
     assert chunk.total_ms > 0 and not chunk.late
     assert all(math.isfinite(a) for a in chunk.actions)
-    # the trajectory twin: point k at k * dt, the same positions
-    assert harness.spin_until(lambda: harness.trajectories['robot_1'], 10)
-    traj = next(
-        t for t in harness.trajectories['robot_1'] if stamp_to_ns(t.header.stamp) == stamp_ns
-    )
-    assert list(traj.joint_names) == TRAJECTORY_JOINTS and len(traj.points) == chunk.horizon
+    # the trajectory twin, stamped at its publication: the actions not yet past, the last one
+    # reached where the chunk ends (image stamp + horizon * dt)
+    end_ns = stamp_ns + chunk.horizon * round(BUDGET_S * 1e9)
+
+    def trajectory():
+        for t in harness.trajectories['robot_1']:
+            if stamp_to_ns(t.header.stamp) + stamp_to_ns(t.points[-1].time_from_start) == end_ns:
+                return t
+        return None
+
+    assert harness.spin_until(lambda: trajectory() is not None, 10)
+    traj = trajectory()
+    assert stamp_ns < stamp_to_ns(traj.header.stamp) <= _now()
+    assert list(traj.joint_names) == TRAJECTORY_JOINTS and traj.header.frame_id == 'robot_1/base'
     rows = np.asarray(chunk.actions, dtype=np.float32).reshape(chunk.horizon, chunk.dof)
-    for k, point in enumerate(traj.points):
-        assert stamp_to_ns(point.time_from_start) == round(k * 0.05 * 1e9)
-        np.testing.assert_allclose(point.positions, rows[k], rtol=0, atol=1e-6)
+    first = chunk.horizon - len(traj.points)
+    for point, row in zip(traj.points, rows[first:], strict=True):
+        np.testing.assert_allclose(point.positions, row, rtol=0, atol=1e-6)
 
 
 def test_four_robots_are_served_at_once(served):
@@ -138,6 +153,14 @@ def test_four_robots_are_served_at_once(served):
         assert all(chunk.robot_id == rid for _, chunk in harness.chunks[rid])
         seqs = [chunk.step_seq for _, chunk in harness.chunks[rid]]
         assert seqs == sorted(set(seqs))  # one step at a time, in order
+    # robot_0 (ee_delta) drives an arm through MoveIt Servo and a gripper controller
+    assert harness.spin_until(
+        lambda: harness.twists['robot_0'] and harness.grippers['robot_0'], 10
+    )
+    twist = harness.twists['robot_0'][-1]
+    assert twist.header.frame_id == 'base_link' and 0 < stamp_to_ns(twist.header.stamp) <= _now()
+    assert all(math.isfinite(g.data) for g in harness.grippers['robot_0'])
+    assert not harness.twists['robot_1'] and not harness.grippers['robot_3']  # off there
 
 
 def test_diagnostics_carry_the_scheduler_and_robot_statuses_with_their_keys(served):
@@ -158,6 +181,7 @@ def test_diagnostics_carry_the_scheduler_and_robot_statuses_with_their_keys(serv
         assert [kv.key for kv in status.values] == list(robot_keys(5.0))
         assert status.hardware_id == f'{NODE}/{rid}'
         assert int(values_of(status)['chunks published']) >= 3
+        assert float(values_of(status)[STATE_AGE_KEY]) >= 0.0  # the joint states' stamps
         assert float(values_of(status)['target rate (Hz)']) == pytest.approx(4.0)
 
 
