@@ -3,7 +3,8 @@
 again with mixed passes on the same core; against the device.
 
 Per robot count: step latency p50/p99, the share of steps within their 100 ms deadline,
-actions/s against the target. Against the device: the robot count the measured matmul rate
+actions/s against the target, and whether the count is served under the one capacity rule
+(``bench.lib.capacity``). Against the device: the robot count the measured matmul rate
 allows at 10 Hz (every robot step's FLOPs: ``bench.lib.cost_model``'s FLOP ceiling) and the
 share of it served; one robot's step (p50) against the floor of one step.
 """
@@ -14,11 +15,11 @@ import dataclasses
 from typing import Any
 
 from bench.gpu_check.parts import PartContext
-from bench.lib.tables import cell, markdown_table
+from bench.lib.capacity import CapacityCriteria, CapacityMeasure
+from bench.lib.tables import cell
 
 PERIOD_S = 0.1
 DEADLINE_MS = 100.0
-SERVED_ACTIONS_SHARE = 0.95
 NUM_MIXED_COUNTS = 4
 
 
@@ -63,7 +64,7 @@ def run(ctx: PartContext) -> dict[str, Any]:
     sched = core.scheduler
     sched.config = dataclasses.replace(sched.config, enable_mixed_chunk=True)
     mixed_points = measure(plan.robot_counts[:NUM_MIXED_COUNTS], 'mixed passes: ')
-    served = [p['num_robots'] for p in points if served_at_rate(p)]
+    served_counts = [p['num_robots'] for p in points if served(p)]
     out: dict[str, Any] = {
         'cuda_graphs': graphs,
         'period_s': plan.period_s,
@@ -72,7 +73,7 @@ def run(ctx: PartContext) -> dict[str, Any]:
         'duration_s': plan.duration_s,
         'points': points,
         'mixed_points': mixed_points,
-        'max_robots_served': max(served, default=0),
+        'max_robots_served': max(served_counts, default=0),
     }
     rates = ctx.rates()
     if rates is not None:
@@ -80,13 +81,9 @@ def run(ctx: PartContext) -> dict[str, Any]:
     return out
 
 
-def served_at_rate(point: dict[str, Any]) -> bool:
-    """A robot count is served when its p99 step latency is under the deadline and it
-    delivers at least 95% of its target actions per second."""
-    return (
-        point['latency_ms_p99'] < DEADLINE_MS
-        and point['actions_per_s'] >= SERVED_ACTIONS_SHARE * point['target_actions_per_s']
-    )
+def served(point: dict[str, Any]) -> bool:
+    """Whether a paced point's robot count is served under the one capacity rule."""
+    return not CapacityCriteria().failures(CapacityMeasure(**point['capacity']))
 
 
 def against_device(ctx: PartContext, rates, points: list[dict], max_served: int) -> dict:
@@ -123,21 +120,12 @@ def _point_line(p: dict[str, Any]) -> str:
     )
 
 
-HEADERS = (
-    'robots', 'sent / results / failures', 'latency p50 ms', 'p99 ms', 'frame age p99 ms',
-    'deadline met', 'actions/s', 'target', 'superseded frames',
-)  # fmt: skip
+def _table(points: list[dict[str, Any]]) -> str:
+    from bench.engine_paced import PacedPoint, markdown_table
 
-
-def _rows(points: list[dict[str, Any]]) -> list[list[object]]:
-    return [
-        [p['num_robots'], f'{p["num_sent"]} / {p["num_results"]} / {p["num_failures"]}',
-         cell(p['latency_ms_p50'], digits=1), cell(p['latency_ms_p99'], digits=1),
-         cell(p['age_ms_p99'], digits=1), cell(100 * p['deadline_met_share'], digits=0) + '%',
-         cell(p['actions_per_s'], digits=1), cell(p['target_actions_per_s'], digits=0),
-         p['num_superseded_frames']]
-        for p in points
-    ]  # fmt: skip
+    return markdown_table(
+        [PacedPoint(**{**p, 'capacity': CapacityMeasure(**p['capacity'])}) for p in points]
+    )
 
 
 def section(d: dict[str, Any]) -> list[str]:
@@ -145,10 +133,9 @@ def section(d: dict[str, Any]) -> list[str]:
         f'## Serving without ROS (10 Hz per robot, deadline {d["deadline_ms"]:.0f} ms, '
         f'{d["duration_s"]:.0f} s per count, CUDA graphs {"on" if d["cuda_graphs"] else "off"})',
         '',
-        markdown_table(HEADERS, _rows(d['points'])),
+        _table(d['points']),
         '',
-        f'Most robots served (p99 < {d["deadline_ms"]:.0f} ms, >= '
-        f'{100 * SERVED_ACTIONS_SHARE:.0f}% of the target actions): {d["max_robots_served"]}.',
+        f'Most robots served ({CapacityCriteria().describe()}): {d["max_robots_served"]}.',
     ]
     if 'robots_bound' in d:
         f = d['floor']
@@ -159,5 +146,5 @@ def section(d: dict[str, Any]) -> list[str]:
             f'{cell(d.get("one_robot_step_over_floor", float("nan")))}x.'
         )
     if d['mixed_points']:
-        lines += ['', 'With mixed passes:', '', markdown_table(HEADERS, _rows(d['mixed_points']))]
+        lines += ['', 'With mixed passes:', '', _table(d['mixed_points'])]
     return lines

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from bench.lib.capacity import CapacityCriteria, CapacityMeasure
+
 ROOT = Path(__file__).resolve().parents[2]
 PARTS = ('environment', 'kernels', 'checkpoint', 'model', 'engine_core', 'serving', 'scheduler')
 
@@ -85,6 +87,13 @@ def test_dry_run_records_the_numbers_each_part_must_produce(dry_run):
         assert point['target_actions_per_s'] == point['num_robots'] * 10
     assert [p['num_robots'] for p in serving['mixed_points']] == [1, 2]
     assert all(p['num_results'] > 0 for p in serving['mixed_points'])
+    criteria = CapacityCriteria()  # the one capacity rule decides which counts are served
+    served = [
+        p['num_robots']
+        for p in serving['points']
+        if not criteria.failures(CapacityMeasure(**p['capacity']))
+    ]
+    assert serving['max_robots_served'] == max(served, default=0)
     assert serving['robots_bound'] > 0 and 'bound_share_served' in serving
     assert serving['floor']['matmul_tflops'] == env['matmul_tflops']
     assert serving['one_robot_step_over_floor'] > 0
