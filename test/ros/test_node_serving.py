@@ -14,6 +14,8 @@ import time
 
 import numpy as np
 import pytest
+from rclpy.duration import Duration
+from rclpy.qos import DurabilityPolicy, ReliabilityPolicy
 from ros_harness import JOINTS, Harness, NodeProcess, level_of, values_of
 from sensor_msgs.msg import Image
 from std_msgs.msg import String
@@ -161,6 +163,13 @@ def test_four_robots_are_served_at_once(served):
     assert twist.header.frame_id == 'base_link' and 0 < stamp_to_ns(twist.header.stamp) <= _now()
     assert all(math.isfinite(g.data) for g in harness.grippers['robot_0'])
     assert not harness.twists['robot_1'] and not harness.grippers['robot_3']  # off there
+    # published for control: reliable, volatile, expiring after the step budget
+    for topic in ('action_chunk', 'twist', 'gripper'):
+        (info,) = harness.node.get_publishers_info_by_topic(f'/robot_0/vla/{topic}')
+        qos = info.qos_profile
+        assert qos.reliability == ReliabilityPolicy.RELIABLE, topic
+        assert qos.durability == DurabilityPolicy.VOLATILE, topic
+        assert qos.lifespan == Duration(seconds=BUDGET_S), topic
 
 
 def test_diagnostics_carry_the_scheduler_and_robot_statuses_with_their_keys(served):

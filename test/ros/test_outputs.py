@@ -7,6 +7,8 @@ import itertools
 
 import numpy as np
 import pytest
+from rclpy.duration import Duration
+from rclpy.qos import DurabilityPolicy, HistoryPolicy, ReliabilityPolicy
 
 from vla_sched.ipc.messages import FailureReason, StepResult
 from vla_sched.msg import ActionChunk, StepRejected
@@ -14,6 +16,7 @@ from vla_sched.ros import outputs
 from vla_sched.ros.conversions import stamp_to_ns
 from vla_sched.ros.node_config import RobotConfig
 from vla_sched.ros.robot_slot import Refusal
+from vla_sched.ros.robot_topics import control_qos
 
 MS = 1_000_000
 S = 1_000_000_000
@@ -190,3 +193,11 @@ def test_every_refusal_reason_has_its_step_rejected_value(reason):
     name = f'REASON_{reason.name}'
     assert msg.reason == getattr(StepRejected, name)
     assert stamp_to_ns(msg.header.stamp) == STAMP and msg.detail == 'why'
+
+
+def test_the_control_qos_keeps_the_newest_message_until_the_step_budget_ends():
+    qos = control_qos(0.25)
+    assert qos.history == HistoryPolicy.KEEP_LAST and qos.depth == 1
+    assert qos.reliability == ReliabilityPolicy.RELIABLE
+    assert qos.durability == DurabilityPolicy.VOLATILE  # a volatile subscriber matches
+    assert qos.lifespan == Duration(nanoseconds=250 * MS)
