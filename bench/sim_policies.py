@@ -17,7 +17,7 @@ numbers are the same on any machine, and compare scheduling choices; they do not
 deployment's latency.
 
     python -m bench.sim_policies                         # the default scenario, ~1 min
-    python -m bench.sim_policies --robots 16 --pool-tokens 2048 --duration-s 10
+    python -m bench.sim_policies --robots 8 --rate-hz 2 --pool-tokens 4096 --duration-s 18
 """
 
 from __future__ import annotations
@@ -53,13 +53,13 @@ MS = 1_000_000
 class Scenario:
     """The simulated deployment: fleet, KV pool, chunking, host time, cost model."""
 
-    num_robots: int = 8
+    num_robots: int = 16
     timing: FleetTiming = dataclasses.field(
         default_factory=lambda: FleetTiming(
-            period_s=0.5, budget_s=0.4, warmup_s=2.0, duration_s=18.0
+            period_s=0.2, budget_s=0.4, warmup_s=2.0, duration_s=10.0
         )
     )
-    pool_tokens: int = 4096
+    pool_tokens: int = 2048
     page_size: int = 16
     max_running: int = 16
     chunked_prefill_size: int = 256
