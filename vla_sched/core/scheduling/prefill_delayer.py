@@ -14,7 +14,7 @@ triggers for two robot ones:
 * a running decode close to done: some running request has at most
   ``near_done_decode_tokens`` tokens left, so it finishes its step without a prefill
   stalling its last tokens. Off by default: in the scheduler simulation
-  (``bench/sim_scheduler.py``) it raised deadline misses, because delayed prefills pile
+  (``bench/sim_policies.py``) it raised deadline misses, because delayed prefills pile
   up and then stall everyone at once. ``SchedulerConfig.prefill_decode_interval`` is the
   lever that bounds the inter-token-latency jump.
 
