@@ -31,6 +31,8 @@ class FailureReason(enum.Enum):
     INTERNAL_ERROR = 'internal_error'
     QUEUE_FULL = 'queue_full'
     CANCELLED = 'cancelled'
+    STALE_STATE = 'stale_state'
+    INACTIVE = 'inactive'
 
 
 @dataclass(frozen=True, slots=True, eq=False)
