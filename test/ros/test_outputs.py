@@ -3,12 +3,11 @@ accepted by a JointTrajectoryController; every refusal reason has its StepReject
 
 from __future__ import annotations
 
-import itertools
-
 import numpy as np
 import pytest
 from rclpy.duration import Duration
 from rclpy.qos import DurabilityPolicy, HistoryPolicy, ReliabilityPolicy
+from trajectory_controller_rules import controller_refusal
 
 from vla_sched.ipc.messages import FailureReason, StepResult
 from vla_sched.msg import ActionChunk, StepRejected
@@ -61,22 +60,6 @@ def _trajectory(horizon: int, elapsed_ns: int, **arm):
     robot = _arm(**arm)
     chunk = _chunk(robot, _rows(horizon, len(JOINTS)), JOINTS)
     return outputs.arm_commands(chunk, robot, published_ns=STAMP + elapsed_ns)
-
-
-def controller_refusal(traj, *, received_ns: int) -> str | None:
-    """Why ros2_controllers' JointTrajectoryController (validate_trajectory_msg) would refuse
-    ``traj`` received at ``received_ns``, or None."""
-    if not traj.joint_names or not traj.points:
-        return 'empty'
-    start_ns = stamp_to_ns(traj.header.stamp)
-    if start_ns != 0 and start_ns + stamp_to_ns(traj.points[-1].time_from_start) < received_ns:
-        return 'non-zero start time that ends in the past'
-    times = [stamp_to_ns(p.time_from_start) for p in traj.points]
-    if any(b <= a for a, b in itertools.pairwise(times)):
-        return 'times not strictly increasing'
-    if any(len(p.positions) != len(traj.joint_names) for p in traj.points):
-        return 'positions do not match joint_names'
-    return None
 
 
 @pytest.mark.parametrize(

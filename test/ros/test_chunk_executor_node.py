@@ -1,0 +1,141 @@
+"""The chunk executor as a robot runs it: its own process in the robot's namespace, a chunk
+publisher like the vla_sched node's, and a stand-in JointTrajectoryController that applies the
+controller's acceptance rules to every trajectory it receives. Its parameters file documents
+exactly the parameters it declares."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import rclpy
+import yaml
+from diagnostic_msgs.msg import DiagnosticArray
+from rclpy.executors import SingleThreadedExecutor
+from trajectory_controller_rules import controller_refusal
+from trajectory_msgs.msg import JointTrajectory
+
+from vla_sched.msg import ActionChunk
+from vla_sched.ros.chunk_executor_config import ChunkExecutorConfig
+from vla_sched.ros.conversions import ns_to_stamp, stamp_to_ns
+from vla_sched.ros.robot_topics import control_qos
+from vla_sched.settings import settings_of
+
+ROOT = Path(__file__).resolve().parents[2]
+PARAMS_FILE = ROOT / 'config' / 'chunk_executor.yaml'
+NAMESPACE = 'exec_test_arm'
+STATUS = f'/{NAMESPACE}/vla_chunk_executor: chunk executor'
+JOINTS = ('j0', 'j1', 'j2')
+DT_NS = 200_000_000
+HORIZON = 4
+
+
+def test_the_params_file_documents_every_parameter_with_its_default():
+    documented = yaml.safe_load(PARAMS_FILE.read_text())['/**']['ros__parameters']
+    declared = {s.name: s.default for s in settings_of(ChunkExecutorConfig)}
+    assert documented == declared
+
+
+def _chunk(seq: int, stamp_ns: int, first_value: float, *, budget_ns: int) -> ActionChunk:
+    rows = first_value + np.arange(HORIZON * len(JOINTS), dtype=np.float32)
+    msg = ActionChunk(robot_id=NAMESPACE, step_seq=seq, horizon=HORIZON, dof=len(JOINTS))
+    msg.header.stamp = ns_to_stamp(stamp_ns)
+    msg.header.frame_id = 'base'
+    msg.dt = DT_NS / 1e9
+    msg.actions = rows
+    msg.joint_names = list(JOINTS)
+    msg.action_space = ActionChunk.ACTION_SPACE_JOINT_POSITION
+    msg.deadline = ns_to_stamp(stamp_ns + budget_ns)
+    return msg
+
+
+@pytest.mark.ros
+def test_the_executor_plays_a_chunk_the_controller_accepts_skips_a_late_one_and_holds(
+    tmp_path,
+):
+    params = tmp_path / 'params.yaml'
+    values = {'diagnostics_period_s': 0.1}
+    params.write_text(yaml.safe_dump({'/**': {'ros__parameters': values}}))
+    cmd = [sys.executable, '-m', 'vla_sched.ros.chunk_executor_node', '--ros-args']
+    cmd += ['-r', f'__ns:=/{NAMESPACE}', '--params-file', str(params)]
+    log_path = tmp_path / 'executor.log'
+    with log_path.open('w') as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    context = rclpy.Context()
+    rclpy.init(args=[], context=context)
+    node = rclpy.create_node('stand_in_controller', context=context)
+    executor = SingleThreadedExecutor(context=context)
+    executor.add_node(node)
+    received: list[tuple[int, JointTrajectory]] = []
+    statuses = []
+    node.create_subscription(
+        JointTrajectory,
+        f'/{NAMESPACE}/joint_trajectory_controller/joint_trajectory',
+        lambda m: received.append((time.time_ns(), m)),
+        10,
+    )
+    node.create_subscription(
+        DiagnosticArray,
+        '/diagnostics',
+        lambda a: statuses.extend(s for s in a.status if s.name == STATUS),
+        10,
+    )
+    chunks = node.create_publisher(
+        ActionChunk, f'/{NAMESPACE}/vla/action_chunk', control_qos(0.25)
+    )
+
+    def spin_until(predicate, timeout_s: float = 30.0) -> bool:
+        end = time.monotonic() + timeout_s
+        while not predicate() and time.monotonic() < end:
+            assert proc.poll() is None, log_path.read_text()[-2000:]
+            executor.spin_once(timeout_sec=0.05)
+        return predicate()
+
+    def latest() -> dict[str, str]:
+        return {kv.key: kv.value for kv in statuses[-1].values} if statuses else {}
+
+    try:
+        assert spin_until(lambda: chunks.get_subscription_count() > 0 and statuses)
+        now = time.time_ns()
+        late = _chunk(1, now - 2 * HORIZON * DT_NS, 100.0, budget_ns=DT_NS)
+        chunks.publish(late)  # its deadline passed long ago: never played
+        assert spin_until(lambda: latest().get('chunks skipped: past_deadline') == '1')
+        stamp = time.time_ns() - 20_000_000
+        chunks.publish(_chunk(2, stamp, 0.0, budget_ns=250_000_000))
+        assert spin_until(lambda: latest().get('state') == 'holding'), latest()
+        status = statuses[-1]
+        after_hold, reports = len(received), len(statuses)
+        assert spin_until(lambda: len(statuses) >= reports + 2)  # two more reports
+        assert len(received) == after_hold  # holding sends no new trajectory
+    finally:
+        proc.send_signal(signal.SIGINT)
+        code = proc.wait(timeout=20)
+        executor.shutdown()
+        node.destroy_node()
+        context.try_shutdown()
+    assert code == 0, log_path.read_text()[-2000:]
+
+    assert received, 'no trajectory reached the controller'
+    played = []
+    for received_ns, traj in received:
+        assert controller_refusal(traj, received_ns=received_ns) is None
+        assert list(traj.joint_names) == list(JOINTS) and len(traj.points) == 1
+        point = traj.points[0]
+        index = round(point.positions[0]) // len(JOINTS)  # chunk 2's action k starts at 3k
+        np.testing.assert_allclose(point.positions, 3 * index + np.arange(3.0), atol=1e-6)
+        # stamped at the tick, reached at the end of the action's interval
+        reached_ns = stamp_to_ns(traj.header.stamp) + stamp_to_ns(point.time_from_start)
+        assert reached_ns == stamp + (index + 1) * DT_NS
+        played.append(index)
+    assert played == sorted(set(played)), 'each action once, in order'
+    values = {kv.key: kv.value for kv in status.values}
+    assert status.level == bytes([1]) and status.message.startswith('holding')
+    assert values['actions executed'] == str(len(received))
+    assert (values['chunks executed'], values['holds']) == ('1', '1')
+    assert values['chunks skipped: past_deadline'] == '1'
+    assert float(values['newest chunk age (s)']) >= HORIZON * DT_NS / 1e9
