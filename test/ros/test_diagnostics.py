@@ -230,6 +230,48 @@ def test_after_a_crash_the_scheduler_stays_warn_for_a_window_and_shows_when():
     assert _sched(_engine(uptime_s=CFG.window_s, **crashed)).level == d.OK
 
 
+def test_a_node_without_an_engine_says_which_lifecycle_state_keeps_it_idle():
+    for state, until in (
+        ('unconfigured', 'configured and activated'),
+        ('finalized', 'serves no more steps'),
+    ):
+        data = _sched(d.stopped_engine('process'), lifecycle_state=state)
+        assert data.level == d.WARN and data.message.startswith(f'{state}: ')
+        assert until in data.message and data.message.endswith('; no engine')
+        assert [k for k, _ in data.values] == list(k.SCHEDULER_KEYS)
+        values = dict(data.values)
+        assert values[k.LIFECYCLE_STATE_KEY] == state and values[k.ENGINE_STATE_KEY] == 'stopped'
+        assert values['engine pid'] == 'n/a' and values['waiting queue depth'] == 'n/a'
+    failed = d.stopped_engine('process', last_error="engine.model_path '/m': no config.json")
+    data = _sched(failed, lifecycle_state='unconfigured')
+    assert data.message.endswith("; no engine (engine.model_path '/m': no config.json)")
+    assert dict(data.values)['engine last error'].startswith('engine.model_path')
+
+
+def test_an_inactive_node_is_warn_with_its_engine_and_a_dead_engine_stays_error():
+    data = _sched(_engine(), lifecycle_state='inactive')
+    assert data.level == d.WARN
+    assert data.message == (
+        'inactive: every step is refused until the node is activated; engine ready'
+    )
+    assert dict(data.values)[k.LIFECYCLE_STATE_KEY] == 'inactive'
+    assert dict(data.values)['waiting queue depth'] == '2'  # the engine still reports
+    dead = _engine(DEAD, last_error='process exited (-9)', uptime_s=NAN)
+    assert _sched(dead, lifecycle_state='inactive').level == d.ERROR
+    assert dict(_sched(_engine()).values)[k.LIFECYCLE_STATE_KEY] == 'active'
+
+
+def test_a_robot_of_a_node_that_is_not_active_is_not_served():
+    view = _robot(num_refused_window=4, last_error='inactive: node inactive', action_rate_hz=0)
+    data = d.robot_data(view, None, CFG, node_name=NODE, lifecycle_state='inactive')
+    assert data.level == d.WARN
+    assert data.message == 'not served: node inactive (4 refused in the last 5 s)'
+    silent = _robot(silent_s=10.0)  # what the robot itself lacks comes first
+    assert d.robot_data(silent, None, CFG, node_name=NODE, lifecycle_state='inactive').level == (
+        d.ERROR
+    )
+
+
 def test_the_worst_robot_is_named_with_its_latency_and_misses():
     stats = _stats(robots={'r1': _robot_stats(), 'r2': RobotStats(itl_ms_p99=30.0)})
     robots = [_robot(robot_id='r1'), _robot(robot_id='r2', num_deadline_misses=9)]

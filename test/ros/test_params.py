@@ -85,7 +85,7 @@ def test_every_dataclass_setting_is_declared_with_its_default():
         assert specs.pop(f'robots.r.{setting.name}').default == default
         if setting.name != 'namespace':  # each robot has its own
             assert specs.pop(f'robot_defaults.{setting.name}').default == default
-    assert set(specs) == {'robot_ids'}  # the one parameter that is no dataclass field
+    assert set(specs) == {'robot_ids', 'autostart'}  # the parameters no dataclass holds
 
 
 def test_every_parameter_in_the_params_file_has_a_comment():

@@ -7,7 +7,9 @@ and ``<node>/<id>`` for a robot. ``config/diagnostics_analyzers.yaml`` matches t
 
 Keys, in the order rqt shows them: units and windows in the key (``action rate over 5 s
 (Hz)``), one key per reason for counts by reason (``aborts: deadline_missed``); latency keys
-name their two ends.
+name their two ends. The scheduler's first key is the node's lifecycle state
+(``unconfigured``, ``inactive``, ``active`` or ``finalized``); its engine state is ``stopped``
+while the node has no engine (unconfigured or finalized).
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ TTFT_P50_KEY = (
 )
 RETRACTS_WINDOW_KEY = f'retracts in last {ENGINE_RETRACT_WINDOW_S:g} s'
 CACHE_HIT_KEY = 'radix cache hit rate (%)'
+LIFECYCLE_STATE_KEY = 'lifecycle state'
+ENGINE_STATE_KEY = 'engine state'
 RESTART_ATTEMPT_KEY = 'engine restart attempt'
 NEXT_RESTART_KEY = 'next engine restart in (s)'
 BAD_FRAMES_FROM_ENGINE_KEY = 'bad frames from the engine'
@@ -47,7 +51,7 @@ STATE_AGE_KEY = 'joint state age (s)'
 ALL_PAST_KEY = 'chunks with no action left to execute'
 
 ENGINE_KEYS = (
-    'engine state',
+    ENGINE_STATE_KEY,
     'engine mode',
     'engine pid',
     'model',
@@ -80,7 +84,7 @@ STATS_KEYS = (
     'worst robot deadline misses',
     BAD_FRAMES_FROM_NODE_KEY,
 )
-SCHEDULER_KEYS = (*ENGINE_KEYS, *STATS_KEYS, 'stats age (s)')
+SCHEDULER_KEYS = (LIFECYCLE_STATE_KEY, *ENGINE_KEYS, *STATS_KEYS, 'stats age (s)')
 ENGINE_ROBOT_KEYS = (
     'cached session prefix tokens',
     'retracts',

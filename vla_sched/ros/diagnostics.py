@@ -18,13 +18,18 @@ its life, ``bad frames from the node`` by the running engine (from its ``EngineS
 A dead engine's status says when it restarts and the restart's number in its row of
 restarts (``engine restart attempt``, 0 once the engine has run long enough to end the row).
 
-Levels, scheduler: ERROR when the engine is dead; WARN while it starts, for ``window_s``
+The node reports in every lifecycle state: the scheduler status carries the lifecycle state,
+and the engine's state is ``stopped`` while the node has none (``stopped_engine``: unconfigured
+or finalized, with the error of a configure that failed).
+
+Levels, scheduler: ERROR when the engine is dead; WARN while the node is not active (its
+message says what it refuses and until when), while the engine starts, for ``window_s``
 after it came back from a restart, when steps were retracted in the engine's retract window,
 or when more than ``queue_warn_threshold`` steps wait; OK otherwise. Robot: STALE until its
 first image ("waiting for first image"); ERROR when no image came for ``silent_robot_s``;
-WARN when a step of it was refused in the last window or its action rate is below
-``rate_warn_fraction`` of its target (the message says whether its camera is too slow or the
-node is); OK otherwise. Messages put the cause first.
+WARN while the node is not active ("not served"), when a step of it was refused in the last
+window or its action rate is below ``rate_warn_fraction`` of its target (the message says
+whether its camera is too slow or the node is); OK otherwise. Messages put the cause first.
 """
 
 from __future__ import annotations
@@ -41,8 +46,10 @@ from vla_sched.ros.diagnostic_keys import (
     CACHE_HIT_KEY,
     ENGINE_RETRACT_WINDOW_S,
     ENGINE_ROBOT_KEYS,
+    ENGINE_STATE_KEY,
     ITL_P50_KEY,
     ITL_P99_KEY,
+    LIFECYCLE_STATE_KEY,
     NEXT_RESTART_KEY,
     NO_DATA,
     REASONS,
@@ -66,6 +73,14 @@ if TYPE_CHECKING:
     from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus
 
 OK, WARN, ERROR, STALE = 0, 1, 2, 3  # diagnostic_msgs/DiagnosticStatus levels
+ACTIVE = 'active'  # the lifecycle state in which the node serves its robots
+STOPPED = 'stopped'  # the engine state while the node has no engine
+# What a node that is not active does, by lifecycle state.
+_NOT_SERVING = {
+    'unconfigured': 'every step is refused until the node is configured and activated',
+    'inactive': 'every step is refused until the node is activated',
+    'finalized': 'the node serves no more steps',
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,21 +124,48 @@ def _status(
     )
 
 
+def stopped_engine(mode: str, *, last_error: str = '') -> EngineView:
+    """The view of the engine a node without one reports (``last_error``: why the node
+    could not start one)."""
+    nan = float('nan')
+    return EngineView(
+        state=STOPPED,
+        mode=mode,
+        pid=None,
+        model_name='',
+        random_weights=False,
+        prompt_layout='',
+        heartbeat_age_s=nan,
+        state_age_s=nan,
+        num_restarts=0,
+        restart_attempt=0,
+        since_restart_s=nan,
+        uptime_s=nan,
+        last_error=last_error,
+        restart_in_s=None,
+        stats=None,
+        stats_age_s=nan,
+    )
+
+
 def scheduler_data(
     view: EngineView,
     cfg: DiagnosticsConfig,
     *,
     node_name: str,
     robots: Sequence[RobotView] = (),
+    lifecycle_state: str = ACTIVE,
 ) -> StatusData:
     """The scheduler status from the engine's view (stats may be missing while it is down);
     ``robots`` give the worst robot its deadline misses."""
     stats = view.stats if view.state == READY else None
-    level, message = _scheduler_level(view, stats, cfg)
+    level, message = _scheduler_level(view, stats, cfg, lifecycle_state)
+    pid = str(view.pid) if view.pid is not None else 'in-process'
     values = [
-        ('engine state', view.state),
+        (LIFECYCLE_STATE_KEY, lifecycle_state),
+        (ENGINE_STATE_KEY, view.state),
         ('engine mode', view.mode),
-        ('engine pid', str(view.pid) if view.pid is not None else 'in-process'),
+        ('engine pid', NO_DATA if view.state == STOPPED else pid),
         ('model', view.model_name + (' (random weights)' if view.random_weights else '')),
         ('prompt layout', _text(view.prompt_layout)),
         ('engine restarts', str(view.num_restarts)),
@@ -141,7 +183,7 @@ def scheduler_data(
 
 
 def _scheduler_level(
-    view: EngineView, stats: EngineStats | None, cfg: DiagnosticsConfig
+    view: EngineView, stats: EngineStats | None, cfg: DiagnosticsConfig, lifecycle_state: str
 ) -> tuple[int, str]:
     if view.state == DEAD:
         when = (
@@ -150,6 +192,12 @@ def _scheduler_level(
             else f'; restart in {view.restart_in_s:.1f} s (attempt {view.restart_attempt})'
         )
         return ERROR, f'engine dead: {_cause(view.last_error)}{when}'
+    if lifecycle_state != ACTIVE:
+        engine = f'engine {view.state}'
+        if view.state == STOPPED:
+            engine = f'no engine ({_cause(view.last_error)})' if view.last_error else 'no engine'
+        until = _NOT_SERVING.get(lifecycle_state, 'every step is refused')
+        return WARN, f'{lifecycle_state}: {until}; {engine}'
     if view.state != READY:
         after = f' after a crash: {_cause(view.last_error)}' if view.num_restarts else ''
         return WARN, f'engine starting ({view.state_age_s:.1f} s){after}'
@@ -212,10 +260,15 @@ def _stats_values(stats: EngineStats | None, robots: Sequence[RobotView]) -> lis
 
 
 def robot_data(
-    view: RobotView, engine_robot: RobotStats | None, cfg: DiagnosticsConfig, *, node_name: str
+    view: RobotView,
+    engine_robot: RobotStats | None,
+    cfg: DiagnosticsConfig,
+    *,
+    node_name: str,
+    lifecycle_state: str = ACTIVE,
 ) -> StatusData:
     """One robot's status; ``engine_robot`` (None: unknown) adds what only the engine knows."""
-    level, message = _robot_level(view, cfg)
+    level, message = _robot_level(view, cfg, lifecycle_state)
     keys = robot_keys(view.window_s)
     values = (
         _num(view.action_rate_hz, 2),
@@ -261,12 +314,15 @@ def _engine_robot_values(stats: RobotStats | None) -> list[str]:
     ]
 
 
-def _robot_level(view: RobotView, cfg: DiagnosticsConfig) -> tuple[int, str]:
+def _robot_level(view: RobotView, cfg: DiagnosticsConfig, lifecycle_state: str) -> tuple[int, str]:
     if not view.seen_image:
         return STALE, f'waiting for first image ({view.silent_s:.1f} s since start-up)'
     if view.silent_s > cfg.silent_robot_s:
         return ERROR, f'silent: no image for {view.silent_s:.1f} s'
     window = window_text(view.window_s)
+    if lifecycle_state != ACTIVE:
+        refused = view.num_refused_window
+        return WARN, f'not served: node {lifecycle_state} ({refused} refused in the last {window})'
     problems = []
     if view.num_refused_window > 0:
         problems.append(
@@ -310,19 +366,31 @@ def diagnostic_array(
     *,
     stamp,
     node_name: str,
+    lifecycle_state: str = ACTIVE,
 ) -> DiagnosticArray:
     """The whole /diagnostics message: the scheduler status, then one status per robot.
 
-    ``node_name`` is the publishing node's fully qualified name (``get_fully_qualified_name``).
+    ``node_name`` is the publishing node's fully qualified name (``get_fully_qualified_name``);
+    ``lifecycle_state`` the label of its lifecycle state.
     """
     # Imported here so that the status rules above import without ROS installed.
     from diagnostic_msgs.msg import DiagnosticArray
 
     robots = list(robots)
     engine_robots = engine.stats.robots if engine.stats is not None else {}
-    statuses = [scheduler_data(engine, cfg, node_name=node_name, robots=robots)]
+    statuses = [
+        scheduler_data(
+            engine, cfg, node_name=node_name, robots=robots, lifecycle_state=lifecycle_state
+        )
+    ]
     statuses.extend(
-        robot_data(view, engine_robots.get(view.robot_id), cfg, node_name=node_name)
+        robot_data(
+            view,
+            engine_robots.get(view.robot_id),
+            cfg,
+            node_name=node_name,
+            lifecycle_state=lifecycle_state,
+        )
         for view in robots
     )
     msg = DiagnosticArray(status=[to_message(s) for s in statuses])

@@ -15,23 +15,43 @@ with StepRejected(ENGINE_UNAVAILABLE), nothing it computed is published, and the
 restarted after ``engine.restart_delay_s``, doubling for each death in a row up to
 ``engine.restart_max_delay_s``.
 
+It is a managed (lifecycle) node, driven through its lifecycle services (``ros2 lifecycle
+get/set``, a launch file, a lifecycle manager):
+
+- configure checks the checkpoint and starts the engine, which loads it (/diagnostics shows
+  the engine starting until it is ready); a checkpoint that cannot be served fails the
+  transition, naming why, and the node stays unconfigured;
+- activate starts serving: steps are sent, chunks and the arm's commands published (their
+  publishers are lifecycle publishers);
+- deactivate stops both: the steps in flight and every later one are refused with
+  StepRejected(INACTIVE), and the engine keeps its model and sessions;
+- cleanup and shutdown stop the engine (and its process).
+
+The robots' subscriptions, ``vla/step_rejected`` and /diagnostics live in every state: a node
+that is not active refuses each step that falls due with INACTIVE and reports its lifecycle
+state and its engine's on /diagnostics. With the parameter ``autostart`` (default true) the
+node configures and activates itself at start-up, so a node started on its own serves at
+once; the launch files set it false and take the node through the transitions themselves.
+
     python -m vla_sched.ros.node --ros-args --params-file config/vla_sched.yaml
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import sys
-from collections.abc import Sequence
+import traceback
+from collections.abc import Callable, Sequence
 
 import rclpy
 from diagnostic_msgs.msg import DiagnosticArray
 from rclpy.exceptions import ParameterException
 from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
-from rclpy.node import Node
+from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
 from rclpy.signals import SignalHandlerOptions
 
-from vla_sched.engine.checkpoints import check_model_path
+from vla_sched.engine.checkpoints import ModelPathError, check_model_path
 from vla_sched.engine.client import EngineClient, EngineUnavailable
 from vla_sched.ipc.codec import CodecError
 from vla_sched.ipc.messages import (
@@ -50,7 +70,7 @@ from vla_sched.ros.conversions import (
     joint_state_to_vector,
     stamp_to_ns,
 )
-from vla_sched.ros.engine_link import EngineLink, engine_clock
+from vla_sched.ros.engine_link import EngineLink, EngineView, engine_clock
 from vla_sched.ros.node_config import ConfigError, FrontendConfig
 from vla_sched.ros.outcomes import Outcomes
 from vla_sched.ros.robot_slot import Refusal, RobotSlot
@@ -59,13 +79,34 @@ from vla_sched.ros.shutdown import ShutdownRequest
 from vla_sched.ros.topic_check import PublisherCheck
 
 NODE_NAME = 'vla_sched'
+SUCCESS = TransitionCallbackReturn.SUCCESS
+FAILURE = TransitionCallbackReturn.FAILURE
+ERROR = TransitionCallbackReturn.ERROR
 
 
-class VlaSchedNode(Node):
+def _logs_errors(transition: Callable) -> Callable:
+    """A transition callback that logs an exception it raises and returns ERROR (rclpy turns
+    it into ERROR too, but silently)."""
+
+    @functools.wraps(transition)
+    def run(node: VlaSchedNode, state: LifecycleState) -> TransitionCallbackReturn:
+        try:
+            return transition(node, state)
+        except Exception:
+            node.get_logger().error(
+                f'{transition.__name__} from {state.label} failed:\n{traceback.format_exc()}'
+            )
+            return ERROR
+
+    return run
+
+
+class VlaSchedNode(LifecycleNode):
     """The frontend node (see the module docstring)."""
 
     def __init__(self, *, client_factory=None, command_line: Sequence[str] = (), **kwargs) -> None:
-        """Declare and read the parameters, subscribe every robot, start the engine.
+        """Declare and read the parameters, subscribe every robot, and with ``autostart``
+        configure (start the engine) and activate.
 
         Args:
             client_factory: builds the engine client from the ``FrontendConfig`` (default:
@@ -76,12 +117,13 @@ class VlaSchedNode(Node):
 
         Raises:
             ConfigError: a parameter is missing, malformed, inconsistent or unknown.
-            ModelPathError: ``engine.model_path`` cannot be served, or it holds several
-                datasets' statistics and ``engine.unnorm_key`` names none of them.
+            ModelPathError: with ``autostart``: ``engine.model_path`` cannot be served, or it
+                holds several datasets' statistics and ``engine.unnorm_key`` names none of
+                them.
         """
         super().__init__(NODE_NAME, **kwargs)
         self.config: FrontendConfig = parameters.declare_and_read(self, command_line=command_line)
-        check_model_path(self.config.engine_config())
+        autostart = self.get_parameter(parameters.AUTOSTART.name).value
         self.add_on_set_parameters_callback(
             parameters.runtime_validator(self.config, self._apply_runtime_param)
         )
@@ -117,20 +159,17 @@ class VlaSchedNode(Node):
             count_publishers=self.count_publishers,
             publishers_info=self.get_publishers_info_by_topic,
         )
-        client = (client_factory or _engine_client)(self.config)
+        self._client_factory = client_factory or _engine_client
         self._engine_spoke = self.create_guard_condition(self._pump)
-        client.on_arrival = self._wake_for_engine
-        self.link = EngineLink(client, self.config.link)
+        self.link: EngineLink | None = None  # while configured (inactive or active)
+        self._active = False  # steps are sent only while active
+        self._configure_error = ''  # why the last configure failed
+        # A plain publisher: /diagnostics reports in every lifecycle state.
         self._diagnostics_pub = self.create_publisher(
             DiagnosticArray, '/diagnostics', 10, event_callbacks=quiet_publisher()
         )
         # Fires only when a periodic robot with an observation waits for its period.
         self._due_timer = self.create_timer(1.0, self._on_due, autostart=False)
-        self.link.start()
-        self.get_logger().info(
-            f'serving {len(self.slots)} robots {sorted(self.slots)}; engine '
-            f'{self.config.link.mode} mode, starting'
-        )
         # One timer for the heartbeat and /diagnostics: one wake-up where two would come.
         diagnostics_ns = round(self.config.diagnostics.period_s * 1e9)
         tick_s = min(self.config.link.heartbeat_period_s, self.config.diagnostics.period_s)
@@ -138,6 +177,109 @@ class VlaSchedNode(Node):
         self._tick_ns = round(tick_s * 1e9)
         self._diagnostics_due_ns = self._now_ns() + diagnostics_ns
         self.create_timer(tick_s, self._tick)
+        if autostart:
+            self._autostart()
+        else:
+            self.get_logger().info(
+                f'unconfigured: waiting for configure (ros2 lifecycle set '
+                f'{self.get_fully_qualified_name()} configure)'
+            )
+
+    def _autostart(self) -> None:
+        """Configure and activate now, as a node started on its own is expected to serve; a
+        checkpoint that cannot be served stops start-up as a bad parameter does."""
+        if self.trigger_configure() != SUCCESS:
+            if self._configure_error:
+                raise ModelPathError(self._configure_error)
+            raise RuntimeError('configure failed; see the log')
+        if self.trigger_activate() != SUCCESS:
+            self._stop_engine()
+            raise RuntimeError('activate failed; see the log')
+
+    # --- lifecycle transitions -------------------------------------------------------------
+
+    @property
+    def lifecycle_state(self) -> str:
+        """The label of the node's lifecycle state (``unconfigured``, ``inactive``, ``active``,
+        ``finalized``, or a transition's). rclpy keeps it in ``_state_machine`` and offers no
+        public accessor."""
+        return self._state_machine.current_state[1]
+
+    @_logs_errors
+    def on_configure(self, state: LifecycleState) -> TransitionCallbackReturn:
+        """Check the checkpoint and start the engine; FAILURE (unconfigured) if it cannot be
+        served."""
+        try:
+            check_model_path(self.config.engine_config())
+        except ModelPathError as exc:
+            self._configure_error = str(exc)
+            self.get_logger().error(f'configure failed: {exc}')
+            return FAILURE
+        self._configure_error = ''
+        client = self._client_factory(self.config)
+        client.on_arrival = self._wake_for_engine
+        self.link = EngineLink(client, self.config.link)
+        self.link.start()
+        self.get_logger().info(
+            f'configured for {len(self.slots)} robots; engine {self.config.link.mode} mode, '
+            'starting'
+        )
+        return SUCCESS
+
+    @_logs_errors
+    def on_activate(self, state: LifecycleState) -> TransitionCallbackReturn:
+        """Serve: publish chunks and send the steps that fall due from now on."""
+        result = super().on_activate(state)  # the lifecycle publishers publish from now on
+        self._active = True
+        now = self._now_ns()
+        for slot in self.slots.values():
+            slot.engine_back(now)  # judge its action rate afresh, as after an engine restart
+        self.get_logger().info(f'active: serving {len(self.slots)} robots {sorted(self.slots)}')
+        self._dispatch()
+        return result
+
+    @_logs_errors
+    def on_deactivate(self, state: LifecycleState) -> TransitionCallbackReturn:
+        """Stop serving: the steps in flight are refused (their results never published) and
+        so is every step that falls due; the engine keeps running."""
+        self._stop_serving('deactivated')
+        self.get_logger().info('inactive: every step is refused until the node is activated')
+        return super().on_deactivate(state)
+
+    @_logs_errors
+    def on_cleanup(self, state: LifecycleState) -> TransitionCallbackReturn:
+        self._stop_engine()
+        self.get_logger().info('unconfigured: engine stopped')
+        return SUCCESS
+
+    @_logs_errors
+    def on_shutdown(self, state: LifecycleState) -> TransitionCallbackReturn:
+        if self._active:
+            self._stop_serving('shut down')
+            super().on_deactivate(state)  # the lifecycle publishers stop as on deactivate
+        self._stop_engine()
+        self.get_logger().info('finalized: engine stopped')
+        return SUCCESS
+
+    @_logs_errors
+    def on_error(self, state: LifecycleState) -> TransitionCallbackReturn:
+        """A transition raised: stop serving and the engine, and go back to unconfigured."""
+        if self._active:
+            self._stop_serving('in error')
+            super().on_deactivate(state)
+        self._stop_engine()
+        return SUCCESS
+
+    def _stop_serving(self, why: str) -> None:
+        self._active = False
+        now = self._now_ns()
+        for slot in self.slots.values():
+            self.outcomes.abandon(slot, FailureReason.INACTIVE, f'node {why}', now)
+
+    def _stop_engine(self) -> None:
+        if self.link is not None:
+            self.link.close()
+            self.link = None
 
     # --- callbacks: check and enqueue ----------------------------------------------------
 
@@ -192,7 +334,12 @@ class VlaSchedNode(Node):
     def _pump(self) -> None:
         """Engine messages in, due steps out: when the engine spoke, and every heartbeat
         period (the node's heartbeat, a silent engine, a restart that is due)."""
-        polled = self.link.poll()
+        if self.link is not None:
+            self._poll_engine(self.link)
+        self._dispatch()
+
+    def _poll_engine(self, link: EngineLink) -> None:
+        polled = link.poll()
         if polled.died:
             self._on_engine_death(polled.died)
         for msg in polled.messages:
@@ -202,7 +349,6 @@ class VlaSchedNode(Node):
                 self.outcomes.failure(msg, self._now_ns())
             elif isinstance(msg, EngineInfo):
                 self._on_engine_info(msg)
-        self._dispatch()
 
     def _tick(self) -> None:
         """Every heartbeat period (or diagnostics period, if shorter): the pump's periodic
@@ -220,10 +366,10 @@ class VlaSchedNode(Node):
         self._dispatch()
 
     def _dispatch(self) -> None:
-        """Send every robot that is due its step, then arm the timer for the next one that
-        will be due once its period has come."""
+        """Send every robot that is due its step (refuse it while the node is not active),
+        then arm the timer for the next one that will be due once its period has come."""
         now = self._now_ns()
-        info = self.link.info
+        info = self.link.info if self.link is not None else None
         budget_ns = round(self.config.step_budget_s * 1e9)
         next_due_ns = None
         for slot in self.slots.values():
@@ -238,17 +384,30 @@ class VlaSchedNode(Node):
             )
             if isinstance(step, Refusal):
                 self.outcomes.publish_refusal(step)
+            elif not self._active:
+                self.outcomes.refuse(
+                    slot, FailureReason.INACTIVE, self._inactive_detail(), step.stamp_ns, now
+                )
             elif info is None:
                 self.outcomes.refuse(
                     slot,
                     FailureReason.ENGINE_UNAVAILABLE,
-                    f'engine {self.link.state}',
+                    f'engine {self.link.state if self.link is not None else "stopped"}',
                     step.stamp_ns,
                     now,
                 )
             else:
                 self._send(slot, step, now)
         self._arm_due_timer(next_due_ns, now)
+
+    def _inactive_detail(self) -> str:
+        state = self.lifecycle_state
+        name = self.get_fully_qualified_name()
+        if state == 'inactive':
+            return f'node inactive: steps resume once it is activated ({name})'
+        if state == 'unconfigured':
+            return f'node unconfigured: steps resume once it is configured and activated ({name})'
+        return f'node {state}: it sends no steps'
 
     def _arm_due_timer(self, due_ns: int | None, now: int) -> None:
         if due_ns is None:
@@ -258,9 +417,11 @@ class VlaSchedNode(Node):
         self._due_timer.reset()
 
     def _send(self, slot: RobotSlot, step: StepRequest, now: int) -> None:
-        """Send ``step``, or answer it: whatever keeps it from the engine (no engine, a step
-        the codec refuses, a transport error) becomes a StepRejected for it, and the robot
-        stays free, so its next step is sent."""
+        """Send ``step`` to the engine (the node is active and configured), or answer it:
+        whatever keeps it from the engine (no engine, a step the codec refuses, a transport
+        error) becomes a StepRejected for it, and the robot stays free, so its next step is
+        sent."""
+        assert self.link is not None
         try:
             self.link.send(engine_clock(step, now_ns=now))
         except EngineUnavailable as exc:
@@ -276,7 +437,7 @@ class VlaSchedNode(Node):
         self.outcomes.refuse(slot, reason, detail, step.stamp_ns, now)
 
     def _on_engine_info(self, info: EngineInfo) -> None:
-        if self.link.ready:  # its refusals and downtime are over
+        if self.link is not None and self.link.ready:  # its refusals and downtime are over
             now = self._now_ns()
             for slot in self.slots.values():
                 slot.engine_back(now)
@@ -298,6 +459,7 @@ class VlaSchedNode(Node):
                 )
 
     def _on_engine_death(self, why: str) -> None:
+        assert self.link is not None
         now = self._now_ns()
         self.get_logger().error(
             f'engine dead ({why}); restart in {self.link.restart_delay_s:.1f} s '
@@ -312,7 +474,7 @@ class VlaSchedNode(Node):
     # --- helpers ------------------------------------------------------------------------------
 
     def _close_session(self, robot_id: str) -> None:
-        if self.link.ready:
+        if self.link is not None and self.link.ready:
             try:
                 self.link.send(CloseSession(robot_id=robot_id))
             except EngineUnavailable:
@@ -332,18 +494,26 @@ class VlaSchedNode(Node):
         for problem in self._publisher_check.new_problems():
             self.get_logger().warning(problem)
         msg = diagnostics.diagnostic_array(
-            self.link.view(),
+            self._engine_view(),
             [slot.view(now) for slot in self.slots.values()],
             self.config.diagnostics,
             stamp=self.get_clock().now().to_msg(),
             node_name=self.get_fully_qualified_name(),
+            lifecycle_state=self.lifecycle_state,
         )
         self._diagnostics_pub.publish(msg)
+
+    def _engine_view(self) -> EngineView:
+        if self.link is None:
+            return diagnostics.stopped_engine(
+                self.config.link.mode, last_error=self._configure_error
+            )
+        return self.link.view()
 
     def close(self) -> None:
         """Stop the image workers and the engine (its process too); free the runtime folder."""
         self.camera.close()
-        self.link.close()
+        self._stop_engine()
 
 
 def _engine_client(config: FrontendConfig):

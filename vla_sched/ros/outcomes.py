@@ -11,7 +11,9 @@ messages published on the robot's topics, and keeps the robot's slot in step wit
 - a result that cannot become a chunk (actions of the wrong shape, non-finite, action names
   that do not fit) ends its step with ``INTERNAL_ERROR``;
 - every refusal is published, and logged at most once a second (the check is made here:
-  rclpy's own throttle inspects the caller's frame on every call, even one it drops).
+  rclpy's own throttle inspects the caller's frame on every call, even one it drops); those
+  of an inactive node (``INACTIVE``) are not logged, since the node logs its lifecycle
+  transitions.
 """
 
 from __future__ import annotations
@@ -107,7 +109,7 @@ class Outcomes:
     def publish_refusal(self, refusal: Refusal) -> None:
         self._topics[refusal.robot_id].rejected.publish(outputs.step_rejected(refusal))
         now_s = time.monotonic()
-        if now_s < self._next_refusal_log_s:
+        if refusal.reason is FailureReason.INACTIVE or now_s < self._next_refusal_log_s:
             return
         self._next_refusal_log_s = now_s + REFUSAL_LOG_INTERVAL_S
         self._logger.warning(

@@ -1,15 +1,16 @@
 """The node's ROS parameters, derived from the settings of its config dataclasses.
 
-Every parameter but ``robot_ids`` is a setting (``vla_sched.settings``): a field of
-``FrontendConfig`` or of a config it holds (``EngineLinkConfig``, ``EngineConfig``,
-``DiagnosticsConfig``) is the parameter ``<group>.<name>``, its group one of ``engine``,
-``scheduler``, ``deadlines``, ``limits``, ``diagnostics``; a setting without a group is filled
-in by the node and is no parameter. Robots are listed in ``robot_ids``; each robot's settings
-(``RobotConfig``) are ``robots.<id>.<name>``, and each one that is not set falls back to
-``robot_defaults.<name>`` (all but ``namespace``: two robots cannot share one). A parameter's
-default, description, choices or range, and read-only flag come from its setting;
-``config/vla_sched.yaml`` documents every parameter declared here (a test checks that the two
-agree).
+Every parameter but ``robot_ids`` and ``autostart`` is a setting (``vla_sched.settings``) of a
+config dataclass: a field of ``FrontendConfig`` or of a config it holds (``EngineLinkConfig``,
+``EngineConfig``, ``DiagnosticsConfig``) is the parameter ``<group>.<name>``, its group one of
+``engine``, ``scheduler``, ``deadlines``, ``limits``, ``diagnostics``; a setting without a
+group is filled in by the node and is no parameter. ``autostart`` says whether the node
+configures and activates itself at start-up (the node reads it; no config holds it). Robots
+are listed in ``robot_ids``; each robot's settings (``RobotConfig``) are
+``robots.<id>.<name>``, and each one that is not set falls back to ``robot_defaults.<name>``
+(all but ``namespace``: two robots cannot share one). A parameter's default, description,
+choices or range, and read-only flag come from its setting; ``config/vla_sched.yaml``
+documents every parameter declared here (a test checks that the two agree).
 
 Only the robot settings marked ``runtime`` (``RUNTIME_ROBOT_PARAMS``: a robot's
 ``instruction`` and ``period_s``) may change while the node runs; every other parameter is
@@ -51,6 +52,12 @@ if TYPE_CHECKING:
 
 ROBOT_DEFAULTS = 'robot_defaults'
 ROBOT_IDS = Setting('robot_ids', ('robot_0',), 'the robots this node serves')
+AUTOSTART = Setting(
+    'autostart',
+    True,
+    'configure and activate the node at start-up; false: it stays unconfigured until its '
+    'lifecycle services are called (ros2 lifecycle set, a launch file, a lifecycle manager)',
+)
 PER_ROBOT_ONLY = ('namespace',)  # no robot_defaults entry: two robots cannot share one
 RUNTIME_ROBOT_PARAMS = tuple(s.name for s in settings_of(RobotConfig) if s.runtime)
 # Declared by rclpy on demand (QoS overriding options), never by this module.
@@ -80,7 +87,7 @@ def _grouped_settings(cls: type) -> Iterator[Setting]:
 
 def node_specs() -> list[ParamSpec]:
     """Every parameter that does not depend on the robot list."""
-    specs = [ParamSpec(ROBOT_IDS.name, ROBOT_IDS)]
+    specs = [ParamSpec(ROBOT_IDS.name, ROBOT_IDS), ParamSpec(AUTOSTART.name, AUTOSTART)]
     # A default is read once, when the robots' parameters are declared: changing one later
     # would change nothing, so every robot_defaults.* parameter is read-only.
     specs += [

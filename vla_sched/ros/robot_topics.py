@@ -10,8 +10,10 @@ joint state) and ``vla/instruction`` (transient local), and publishes ``vla/acti
 A chunk and the arm's commands are for control: the newest one wins and an old one is worth
 nothing, so their publishers keep one message (depth 1, reliable, volatile) whose lifespan is
 the step budget: DDS drops a chunk older than that instead of delivering it late (judged on
-the publication's source time, so the hosts' clocks must agree). ``vla/step_rejected`` keeps
-the default depth of 10: each refusal is an event of its own.
+the publication's source time, so the hosts' clocks must agree). They are lifecycle
+publishers: they publish only while the node is active. ``vla/step_rejected`` keeps the
+default depth of 10 (each refusal is an event of its own) and publishes in every state, so a
+robot is told why an inactive node refuses its steps.
 
 No subscription or publisher has QoS event handlers: rclpy's executor walks every handler on
 every wake-up, two per endpoint by default. A camera or instruction publisher that cannot
@@ -27,7 +29,7 @@ from typing import Any
 from geometry_msgs.msg import TwistStamped
 from rclpy.duration import Duration
 from rclpy.event_handler import PublisherEventCallbacks, SubscriptionEventCallbacks
-from rclpy.node import Node
+from rclpy.lifecycle import LifecycleNode
 from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
 from rclpy.qos import qos_profile_sensor_data as sensor_qos
 from sensor_msgs.msg import CompressedImage, Image, JointState
@@ -76,7 +78,7 @@ class RobotTopics:
 
     def __init__(
         self,
-        node: Node,
+        node: LifecycleNode,
         slot: RobotSlot,
         *,
         on_image: Callable[..., Any],
@@ -92,7 +94,7 @@ class RobotTopics:
         def control_publisher(msg_type: type, name: str, on: bool = True):
             if not on:
                 return None
-            return node.create_publisher(
+            return node.create_lifecycle_publisher(
                 msg_type, f'{ns}/vla/{name}', control, event_callbacks=quiet
             )
 
