@@ -3,6 +3,8 @@
     ros2 launch vla_sched vla_sched.launch.py
     ros2 launch vla_sched vla_sched.launch.py num_sim_robots:=4 start_aggregator:=true
     ros2 launch vla_sched vla_sched.launch.py params_file:=/path/to/params.yaml namespace:=gpu0
+    ros2 launch vla_sched vla_sched.launch.py use_sim_time:=true log_level:=debug
+    ros2 launch vla_sched vla_sched.launch.py --show-args
 
 Every argument is checked (vla_sched.ros.launch_args) before any process starts: a bad one
 ends the launch with a message naming it, and nothing is left running. vla_sched.launch.xml
@@ -15,7 +17,12 @@ from launch.substitutions import LaunchConfiguration, PathJoinSubstitution
 from launch_ros.actions import Node
 from launch_ros.substitutions import FindPackageShare
 
-from vla_sched.ros.launch_args import check_launch_arguments, sim_robots
+from vla_sched.ros.launch_args import (
+    BOOL_CHOICES,
+    LOG_LEVELS,
+    check_launch_arguments,
+    sim_robots,
+)
 
 
 def _arguments(share) -> list:
@@ -38,11 +45,24 @@ def _arguments(share) -> list:
             'start_aggregator',
             default_value='false',
             description='start diagnostic_aggregator (/diagnostics_agg for rqt_robot_monitor)',
+            choices=list(BOOL_CHOICES),
         ),
         DeclareLaunchArgument(
             'analyzers_file',
             default_value=PathJoinSubstitution([share, 'config', 'diagnostics_analyzers.yaml']),
             description='analyzers of diagnostic_aggregator',
+        ),
+        DeclareLaunchArgument(
+            'use_sim_time',
+            default_value='false',
+            description='every node started here follows /clock',
+            choices=list(BOOL_CHOICES),
+        ),
+        DeclareLaunchArgument(
+            'log_level',
+            default_value='info',
+            description='log level of every node started here',
+            choices=list(LOG_LEVELS),
         ),
     ]
 
@@ -50,16 +70,19 @@ def _arguments(share) -> list:
 def _bring_up(context) -> list:
     """The processes, returned only once every argument passed its check."""
     names = ('params_file', 'namespace', 'num_sim_robots', 'sim_rate', 'start_aggregator')
+    names += ('analyzers_file', 'use_sim_time', 'log_level')
     values = {name: LaunchConfiguration(name).perform(context) for name in names}
-    values['analyzers_file'] = LaunchConfiguration('analyzers_file').perform(context)
     args = check_launch_arguments(values)
+    sim_time = {'use_sim_time': args.use_sim_time}
+    log_level = ['--log-level', args.log_level]
     actions = [
         Node(
             package='vla_sched',
             executable='vla_sched_node',
             name='vla_sched',
             namespace=args.namespace,
-            parameters=[str(args.params_file)],
+            parameters=[str(args.params_file), sim_time],
+            ros_arguments=log_level,
             output='screen',
         )
     ]
@@ -69,7 +92,8 @@ def _bring_up(context) -> list:
                 package='diagnostic_aggregator',
                 executable='aggregator_node',
                 name='analyzers',
-                parameters=[str(args.analyzers_file)],
+                parameters=[str(args.analyzers_file), sim_time],
+                ros_arguments=log_level,
                 output='screen',
             )
         )
@@ -81,6 +105,8 @@ def _bring_up(context) -> list:
                 name=robot.node_name,
                 namespace=robot.namespace,
                 arguments=list(robot.arguments),
+                parameters=[sim_time],
+                ros_arguments=log_level,
                 output='screen',
             )
         )

@@ -1,10 +1,15 @@
 """The launch files' arguments, checked before any process starts.
 
-``launch/vla_sched.launch.py`` and ``launch/sim_robots.launch.py`` call
-``check_launch_arguments`` from an ``OpaqueFunction`` that returns their ``Node`` actions only
-after it passed: a bad value raises ``LaunchArgumentError`` naming the argument, launch exits
-having started nothing, and nothing can outlive it. Plain Python (no launch import), so the
-tests call it directly; ``sim_robots`` says which simulated robots to start as plain data.
+``launch/vla_sched.launch.py``, ``launch/sim_robots.launch.py`` and
+``launch/chunk_executor.launch.py`` call ``check_launch_arguments`` from an ``OpaqueFunction``
+that returns their ``Node`` actions only after it passed: a bad value raises
+``LaunchArgumentError`` naming the argument, launch exits having started nothing, and nothing
+can outlive it. Plain Python (no launch import), so the tests call it directly;
+``sim_robots`` and ``chunk_executors`` say which processes to start as plain data.
+
+The launch files declare their boolean arguments with ``BOOL_CHOICES`` and ``log_level``
+with ``LOG_LEVELS`` (``DeclareLaunchArgument(choices=...)``), so that ``ros2 launch ...
+--show-args`` lists them and launch itself refuses another value.
 """
 
 from __future__ import annotations
@@ -20,7 +25,11 @@ import yaml
 
 TRUE_WORDS = ('true', '1')  # what launch's IfCondition takes, in any case
 FALSE_WORDS = ('false', '0')
+BOOL_CHOICES = ('true', 'false')  # what the launch files declare
+LOG_LEVELS = ('debug', 'info', 'warn', 'error', 'fatal')  # --ros-args --log-level
 AGGREGATOR_PACKAGE = 'diagnostic_aggregator'
+EXECUTOR_NODE_NAME = 'vla_chunk_executor'
+_ROBOT_ID = re.compile(r'[A-Za-z][A-Za-z0-9_]*')
 
 
 class LaunchArgumentError(ValueError):
@@ -37,11 +46,15 @@ class LaunchArguments:
     start_aggregator: bool | None = None
     params_file: Path | None = None
     analyzers_file: Path | None = None
+    use_sim_time: bool | None = None
+    log_level: str | None = None
+    robot_ids: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
-class SimRobot:
-    """One simulated robot process: its node name, namespace and command-line arguments."""
+class RobotProcess:
+    """One process of a robot (a simulated robot, a chunk executor): its node name, namespace
+    and command-line arguments."""
 
     robot_id: str
     node_name: str
@@ -73,6 +86,10 @@ def check_launch_arguments(
     - ``start_aggregator``: true or false (or 1 / 0); when true, ``diagnostic_aggregator``
       must be installed (``package_installed``) and ``analyzers_file`` readable.
     - ``params_file``: a readable YAML file holding a mapping.
+    - ``use_sim_time``: true or false (or 1 / 0).
+    - ``log_level``: one of ``LOG_LEVELS``, in any case.
+    - ``robot_ids``: one or more robot ids (a letter, then letters, digits or underscores),
+      separated by commas or spaces, each once.
 
     Raises:
         LaunchArgumentError: naming every unusable argument and its value.
@@ -95,12 +112,18 @@ def check_launch_arguments(
             fields['analyzers_file'] = _yaml_file('analyzers_file', values, problems)
     if 'params_file' in values:
         fields['params_file'] = _yaml_file('params_file', values, problems)
+    if 'use_sim_time' in values:
+        fields['use_sim_time'] = _flag('use_sim_time', values['use_sim_time'], problems)
+    if 'log_level' in values:
+        fields['log_level'] = _log_level(values['log_level'], problems)
+    if 'robot_ids' in values:
+        fields['robot_ids'] = _robot_ids(values['robot_ids'], problems)
     if problems:
         raise LaunchArgumentError('bad launch arguments: ' + '; '.join(problems))
     return LaunchArguments(**fields)
 
 
-def sim_robots(args: LaunchArguments) -> list[SimRobot]:
+def sim_robots(args: LaunchArguments) -> list[RobotProcess]:
     """robot_0 .. robot_<N-1>, each under ``/<namespace>/<robot id>`` (``/<robot id>``
     without a namespace), as the node's default topic namespaces expect."""
     count = args.num_sim_robots or 0
@@ -108,10 +131,24 @@ def sim_robots(args: LaunchArguments) -> list[SimRobot]:
     robots = []
     for index in range(count):
         robot_id = f'robot_{index}'
-        namespace = f'/{args.namespace}/{robot_id}' if args.namespace else f'/{robot_id}'
+        namespace = _robot_namespace(args, robot_id)
         arguments = ('--robot-id', robot_id, '--rate', rate, '--report-period', '5')
-        robots.append(SimRobot(robot_id, f'sim_{robot_id}', namespace, arguments))
+        robots.append(RobotProcess(robot_id, f'sim_{robot_id}', namespace, arguments))
     return robots
+
+
+def chunk_executors(args: LaunchArguments) -> list[RobotProcess]:
+    """One chunk executor per robot of ``robot_ids``, in the robot's namespace
+    (``/<namespace>/<robot id>``, ``/<robot id>`` without one), where its ``vla/action_chunk``
+    and its controllers are."""
+    return [
+        RobotProcess(robot_id, EXECUTOR_NODE_NAME, _robot_namespace(args, robot_id), ())
+        for robot_id in args.robot_ids or ()
+    ]
+
+
+def _robot_namespace(args: LaunchArguments, robot_id: str) -> str:
+    return f'/{args.namespace}/{robot_id}' if args.namespace else f'/{robot_id}'
 
 
 def _count(text: str, problems: list[str]) -> int | None:
@@ -138,6 +175,26 @@ def _flag(name: str, text: str, problems: list[str]) -> bool | None:
         return word in TRUE_WORDS
     problems.append(f'{name} must be true or false, got {text!r}')
     return None
+
+
+def _log_level(text: str, problems: list[str]) -> str | None:
+    level = text.strip().lower()
+    if level in LOG_LEVELS:
+        return level
+    problems.append(f'log_level must be one of {", ".join(LOG_LEVELS)}, got {text!r}')
+    return None
+
+
+def _robot_ids(text: str, problems: list[str]) -> tuple[str, ...] | None:
+    ids = tuple(word for word in re.split(r'[\s,]+', text.strip().strip('[]')) if word)
+    bad = [i for i in ids if not _ROBOT_ID.fullmatch(i)]
+    if not ids or bad or len(set(ids)) != len(ids):
+        problems.append(
+            'robot_ids must be distinct robot ids (a letter, then letters, digits or '
+            f'underscores) separated by commas or spaces, got {text!r}'
+        )
+        return None
+    return ids
 
 
 def _yaml_file(name: str, values: Mapping[str, str], problems: list[str]) -> Path | None:
