@@ -12,12 +12,17 @@ from launch.actions import DeclareLaunchArgument, OpaqueFunction
 from launch.substitutions import LaunchConfiguration
 from launch_ros.actions import Node
 
-from vla_sched.ros.launch_args import check_launch_arguments, sim_robots
+from vla_sched.ros.launch_args import (
+    BOOL_CHOICES,
+    LOG_LEVELS,
+    check_launch_arguments,
+    sim_robots,
+)
 
 
 def _sim_robots(context) -> list:
     """The robot processes, returned only once the arguments passed their check."""
-    names = ('num_sim_robots', 'namespace', 'sim_rate')
+    names = ('num_sim_robots', 'namespace', 'sim_rate', 'use_sim_time', 'log_level')
     args = check_launch_arguments(
         {name: LaunchConfiguration(name).perform(context) for name in names}
     )
@@ -28,6 +33,8 @@ def _sim_robots(context) -> list:
             name=robot.node_name,
             namespace=robot.namespace,
             arguments=list(robot.arguments),
+            parameters=[{'use_sim_time': args.use_sim_time}],
+            ros_arguments=['--log-level', args.log_level],
             output='screen',
         )
         for robot in sim_robots(args)
@@ -45,6 +52,18 @@ def generate_launch_description():
             ),
             DeclareLaunchArgument(
                 'sim_rate', default_value='10.0', description='camera rate of each robot (Hz)'
+            ),
+            DeclareLaunchArgument(
+                'use_sim_time',
+                default_value='false',
+                description='the robots follow /clock',
+                choices=list(BOOL_CHOICES),
+            ),
+            DeclareLaunchArgument(
+                'log_level',
+                default_value='info',
+                description='log level of the robots',
+                choices=list(LOG_LEVELS),
             ),
             OpaqueFunction(function=_sim_robots),
         ]

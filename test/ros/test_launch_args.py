@@ -11,6 +11,7 @@ import pytest
 from vla_sched.ros.launch_args import (
     LaunchArgumentError,
     check_launch_arguments,
+    chunk_executors,
     ros_package_installed,
     sim_robots,
 )
@@ -28,6 +29,8 @@ def _values(**changes: str) -> dict[str, str]:
         'sim_rate': '10.0',
         'start_aggregator': 'false',
         'analyzers_file': ANALYZERS,
+        'use_sim_time': 'false',
+        'log_level': 'info',
     }
     values.update(changes)
     return values
@@ -41,6 +44,7 @@ def test_the_launch_files_defaults_pass():
     args = check_launch_arguments(_values(), package_installed=_installed)
     assert (args.num_sim_robots, args.sim_rate_hz, args.start_aggregator) == (0, 10.0, False)
     assert args.params_file == Path(PARAMS) and args.namespace == ''
+    assert (args.use_sim_time, args.log_level) == (False, 'info')
 
 
 def test_good_values_pass_converted():
@@ -66,6 +70,11 @@ def test_good_values_pass_converted():
         ('sim_rate', 'nan', 'sim_rate must be a positive number'),
         ('sim_rate', 'inf', 'sim_rate must be a positive number'),
         ('start_aggregator', 'yes', "start_aggregator must be true or false, got 'yes'"),
+        ('use_sim_time', 'sim', "use_sim_time must be true or false, got 'sim'"),
+        ('log_level', 'verbose', 'log_level must be one of debug, info, warn, error, fatal'),
+        ('robot_ids', '', 'robot_ids must be distinct robot ids'),
+        ('robot_ids', 'robot_0,0bad', "got 'robot_0,0bad'"),
+        ('robot_ids', 'robot_0 robot_0', 'robot_ids must be distinct robot ids'),
         ('params_file', '/nonexistent/params.yaml', "params_file '/nonexistent/params.yaml'"),
         ('params_file', str(ROOT), 'is not a readable file'),
     ],
@@ -123,3 +132,20 @@ def test_sim_robots_are_named_and_namespaced_per_robot():
     ]
     assert robots[1].arguments == ('--robot-id', 'robot_1', '--rate', '5', '--report-period', '5')
     assert sim_robots(check_launch_arguments({'num_sim_robots': '0'})) == []
+
+
+def test_sim_time_and_log_level_pass_converted():
+    args = check_launch_arguments(_values(use_sim_time='True', log_level='DEBUG'))
+    assert (args.use_sim_time, args.log_level) == (True, 'debug')
+
+
+def test_one_chunk_executor_per_robot_in_the_robots_namespace():
+    args = check_launch_arguments({'robot_ids': '[robot_0, arm_2]', 'namespace': '/gpu0'})
+    assert args.robot_ids == ('robot_0', 'arm_2')
+    executors = chunk_executors(args)
+    assert [(e.robot_id, e.node_name, e.namespace) for e in executors] == [
+        ('robot_0', 'vla_chunk_executor', '/gpu0/robot_0'),
+        ('arm_2', 'vla_chunk_executor', '/gpu0/arm_2'),
+    ]
+    alone = check_launch_arguments({'robot_ids': 'robot_1', 'namespace': ''})
+    assert [e.namespace for e in chunk_executors(alone)] == ['/robot_1']

@@ -25,6 +25,8 @@ LAUNCH = ROOT / 'launch'
 XML_FILE = LAUNCH / 'vla_sched.launch.xml'
 PY_FILE = LAUNCH / 'vla_sched.launch.py'
 SIM_FILE = LAUNCH / 'sim_robots.launch.py'
+EXECUTOR_FILE = LAUNCH / 'chunk_executor.launch.py'
+PY_FILES = (PY_FILE, SIM_FILE, EXECUTOR_FILE)
 OUR_NODES = {'vla_sched_node': 'vla_sched', 'vla_sim_robot': None}
 
 
@@ -96,8 +98,55 @@ def test_the_xml_launch_file_parses_with_documented_arguments():
         'sim_rate',
         'start_aggregator',
         'analyzers_file',
+        'use_sim_time',
+        'log_level',
     }
     assert all(el.get('description') for el in args.values())
+
+
+def _py_choices(path: Path) -> dict[str, list[str] | None]:
+    """Each declared argument's ``choices`` as written (``list(NAME)`` is looked up in
+    launch_args), None when it declares none."""
+    import vla_sched.ros.launch_args as launch_args
+
+    out = {}
+    for call in _py_calls(path, 'DeclareLaunchArgument'):
+        choices = _kwargs(call).get('choices')
+        if choices is None:
+            out[call.args[0].value] = None
+            continue
+        assert ast.unparse(choices).startswith('list('), ast.unparse(choices)
+        out[call.args[0].value] = list(getattr(launch_args, choices.args[0].id))
+    return out
+
+
+@pytest.mark.parametrize('path', PY_FILES)
+def test_every_launch_file_offers_sim_time_and_log_level_and_declares_its_choices(path):
+    arguments, choices = _py_arguments(path), _py_choices(path)
+    assert arguments['use_sim_time'] == 'false' and arguments['log_level'] == 'info'
+    assert choices['log_level'] == ['debug', 'info', 'warn', 'error', 'fatal']
+    flags = [name for name, default in arguments.items() if default in ('true', 'false')]
+    assert 'use_sim_time' in flags
+    assert all(choices[name] == ['true', 'false'] for name in flags)
+    for name, allowed in choices.items():  # every default is among its choices
+        assert allowed is None or arguments[name] in allowed, name
+    for call in _py_calls(path, 'Node'):
+        kwargs = _kwargs(call)
+        assert ast.unparse(kwargs['ros_arguments']) in (
+            'log_level',
+            "['--log-level', args.log_level]",
+        )
+        params = ast.unparse(kwargs['parameters'])
+        assert 'sim_time' in params, params
+
+
+def test_the_xml_file_declares_the_same_choices():
+    root = ET.parse(XML_FILE).getroot()
+    xml_choices = {
+        el.get('name'): [c.get('value') for c in el.findall('choice')] or None
+        for el in root.findall('arg')
+    }
+    assert xml_choices == _py_choices(PY_FILE)
 
 
 def test_xml_and_python_launch_files_declare_the_same_arguments_and_defaults():
@@ -125,7 +174,7 @@ def test_the_xml_file_includes_the_python_file_passing_every_argument():
     assert paths and all(_share_path(p) in share for p in paths)
 
 
-@pytest.mark.parametrize('path', [PY_FILE, SIM_FILE])
+@pytest.mark.parametrize('path', PY_FILES)
 def test_python_launch_files_name_installed_executables_and_files(path):
     share = installed_share()
     executables = installed_executables()
@@ -142,7 +191,10 @@ def _function(path: Path, name: str) -> ast.FunctionDef:
     return next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == name)
 
 
-@pytest.mark.parametrize(('path', 'opaque'), [(PY_FILE, '_bring_up'), (SIM_FILE, '_sim_robots')])
+@pytest.mark.parametrize(
+    ('path', 'opaque'),
+    [(PY_FILE, '_bring_up'), (SIM_FILE, '_sim_robots'), (EXECUTOR_FILE, '_executors')],
+)
 def test_python_launch_files_check_their_arguments_before_any_node(path, opaque):
     generate = _function(path, 'generate_launch_description')
     calls = [n for n in ast.walk(generate) if isinstance(n, ast.Call)]
@@ -160,9 +212,14 @@ def test_the_python_launch_file_starts_the_node_with_the_params_file_and_namespa
     calls = {_kwargs(c)['executable'].value: _kwargs(c) for c in _py_calls(PY_FILE, 'Node')}
     node = calls['vla_sched_node']
     assert node['name'].value == 'vla_sched'
-    assert [ast.unparse(e) for e in node['parameters'].elts] == ['str(args.params_file)']
+    assert [ast.unparse(e) for e in node['parameters'].elts] == [
+        'str(args.params_file)',
+        'sim_time',
+    ]
     assert ast.unparse(node['namespace']) == 'args.namespace'
-    assert ast.unparse(calls['aggregator_node']['parameters']) == '[str(args.analyzers_file)]'
+    assert ast.unparse(calls['aggregator_node']['parameters']) == (
+        '[str(args.analyzers_file), sim_time]'
+    )
     assert 'if args.start_aggregator:' in ast.unparse(_function(PY_FILE, '_bring_up'))
     assert _py_share_paths(PY_FILE) == {
         'config/vla_sched.yaml',
@@ -175,6 +232,9 @@ def test_parameter_files_are_keyed_for_the_nodes_the_launch_files_start():
     params = yaml.safe_load((ROOT / 'config' / 'vla_sched.yaml').read_text())
     analyzers = yaml.safe_load((ROOT / 'config' / 'diagnostics_analyzers.yaml').read_text())
     assert set(params) == {'/**'}  # any namespace and node name
+    executor = yaml.safe_load((ROOT / 'config' / 'chunk_executor.yaml').read_text())
+    assert set(executor) == {'/**'}  # one executor per robot namespace
+    assert _py_share_paths(EXECUTOR_FILE) == {'config/chunk_executor.yaml'}
     assert set(analyzers) == {calls['aggregator_node']['name'].value}
 
 
