@@ -4,8 +4,9 @@
 is an rclpy node (in its own context) that plays the robots: it publishes their images,
 joint states and instructions, and records every chunk, rejection, arm command (trajectory,
 twist, gripper) and /diagnostics array the node publishes, chunks, rejections and arrays with
-the time they arrived. Tests wait for events with ``spin_until``;
-nothing sleeps for a fixed time.
+the time they arrived. It also calls the node's lifecycle services as ``ros2 lifecycle
+get/set`` do (``lifecycle_state``, ``change_state``). Tests wait for events with
+``spin_until``; nothing sleeps for a fixed time.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ import rclpy
 import yaml
 from diagnostic_msgs.msg import DiagnosticArray
 from geometry_msgs.msg import TwistStamped
+from lifecycle_msgs.msg import Transition
+from lifecycle_msgs.srv import ChangeState, GetState
 from rclpy.executors import SingleThreadedExecutor
 from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
 from rclpy.qos import qos_profile_sensor_data as sensor_qos
@@ -174,6 +177,28 @@ class Harness:
 
         self.spin_until(ready, timeout_s)
         return found[0] if found else None
+
+    # --- the node's lifecycle, as ros2 lifecycle get/set --------------------------------------
+
+    def lifecycle_state(self, node_name: str, timeout_s: float = 10.0) -> str:
+        """The label of ``node_name``'s lifecycle state (``ros2 lifecycle get``)."""
+        response = self._call(GetState, f'{node_name}/get_state', GetState.Request(), timeout_s)
+        return response.current_state.label
+
+    def change_state(self, node_name: str, transition_id: int, timeout_s: float = 30.0) -> bool:
+        """Whether ``node_name`` took the transition (``ros2 lifecycle set``)."""
+        request = ChangeState.Request(transition=Transition(id=transition_id))
+        return self._call(ChangeState, f'{node_name}/change_state', request, timeout_s).success
+
+    def _call(self, srv_type, name: str, request, timeout_s: float):
+        client = self.node.create_client(srv_type, name)
+        try:
+            assert client.wait_for_service(timeout_sec=timeout_s), f'no service {name}'
+            future = client.call_async(request)
+            assert self.spin_until(future.done, timeout_s), f'{name} did not answer'
+            return future.result()
+        finally:
+            self.node.destroy_client(client)
 
     # --- playing the robots -----------------------------------------------------------------
 

@@ -2,7 +2,8 @@
 
 One node serves the whole module; the tests run in order: a single image's chunk, four
 robots at once (robot_2 sends compressed PNG images), the diagnostics, malformed inputs,
-and last, killing the engine.
+killing the engine, and last, the node's lifecycle transitions as ``ros2 lifecycle set``
+takes them (deactivate, activate, cleanup, configure, activate, shutdown).
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ import signal
 import time
 
 import numpy as np
+import psutil
 import pytest
+from lifecycle_msgs.msg import Transition
 from rclpy.duration import Duration
 from rclpy.qos import DurabilityPolicy, ReliabilityPolicy
 from ros_harness import JOINTS, Harness, NodeProcess, level_of, values_of
@@ -23,6 +26,7 @@ from std_msgs.msg import String
 from vla_sched.msg import ActionChunk, StepRejected
 from vla_sched.ros.conversions import ns_to_stamp, stamp_to_ns
 from vla_sched.ros.diagnostic_keys import (
+    LIFECYCLE_STATE_KEY,
     SCHEDULER_KEYS,
     STATE_AGE_KEY,
     robot_keys,
@@ -302,6 +306,78 @@ def test_killing_the_engine_turns_the_scheduler_error_and_the_node_recovers(serv
         ),
         90,
     )
+
+
+def _served_since(harness: Harness, rid: str, since_ns: int) -> bool:
+    """Whether ``rid`` got a chunk for an image stamped after ``since_ns``."""
+    return any(stamp_to_ns(c.header.stamp) > since_ns for _, c in harness.chunks[rid])
+
+
+def _scheduler_in(harness: Harness, state: str, after_ns: int):
+    """The first scheduler status after ``after_ns`` that reports the lifecycle ``state``."""
+    status = harness.wait_status(
+        SCHEDULER, lambda s: values_of(s)[LIFECYCLE_STATE_KEY] == state, 10, after_ns=after_ns
+    )
+    assert status is not None, state
+    return status
+
+
+def test_lifecycle_transitions_pause_resume_and_restart_serving(served):
+    node, harness = served
+    assert harness.lifecycle_state(NODE) == 'active'  # autostart took it there
+    assert not harness.change_state(NODE, Transition.TRANSITION_ACTIVATE)  # not from active
+    # deactivate: every step is refused with its reason, nothing is published
+    assert harness.change_state(NODE, Transition.TRANSITION_DEACTIVATE)
+    paused_ns = _now()
+    assert harness.lifecycle_state(NODE) == 'inactive'
+    for rid in ROBOTS:
+        _wait_rejection(harness, rid, paused_ns, StepRejected.REASON_INACTIVE, 'node inactive')
+    status = _scheduler_in(harness, 'inactive', paused_ns)
+    assert level_of(status) == 1 and status.message.startswith('inactive: every step is refused')
+    assert values_of(status)['engine state'] == 'ready'  # the model stays loaded
+    robot = harness.wait_status(
+        f'{NODE}: robot robot_0', lambda s: s.message.startswith('not served'), 10
+    )
+    assert robot is not None and level_of(robot) == 1
+    assert not any(_served_since(harness, rid, paused_ns) for rid in ROBOTS)
+    # activate: serving resumes
+    assert harness.change_state(NODE, Transition.TRANSITION_ACTIVATE)
+    resumed_ns = _now()
+    assert harness.spin_until(
+        lambda: all(_served_since(harness, r, resumed_ns) for r in ROBOTS), 60
+    )
+    # cleanup stops the engine; the node still reports and refuses, naming its state
+    old_pid = int(values_of(harness.status(SCHEDULER))['engine pid'])
+    assert harness.change_state(NODE, Transition.TRANSITION_DEACTIVATE)
+    assert harness.change_state(NODE, Transition.TRANSITION_CLEANUP)
+    stopped_ns = _now()
+    assert harness.lifecycle_state(NODE) == 'unconfigured'
+    assert not psutil.pid_exists(old_pid)
+    status = _scheduler_in(harness, 'unconfigured', stopped_ns)
+    assert values_of(status)['engine state'] == 'stopped' and level_of(status) == 1
+    _wait_rejection(harness, 'robot_1', stopped_ns, StepRejected.REASON_INACTIVE, 'unconfigured')
+    # configure starts a new engine, and once active the robots are served by it
+    assert harness.change_state(NODE, Transition.TRANSITION_CONFIGURE)
+    assert harness.change_state(NODE, Transition.TRANSITION_ACTIVATE)
+    restarted_ns = _now()
+    ready = harness.wait_status(
+        SCHEDULER, lambda s: values_of(s)['engine state'] == 'ready', 180, after_ns=restarted_ns
+    )
+    assert ready is not None, node.log()[-3000:]
+    assert values_of(ready)[LIFECYCLE_STATE_KEY] == 'active' and level_of(ready) == 0
+    assert int(values_of(ready)['engine pid']) != old_pid
+    assert harness.spin_until(
+        lambda: all(_served_since(harness, r, restarted_ns) for r in ROBOTS), 90
+    )
+    # shutdown stops the engine for good; the finalized node still reports until it exits
+    new_pid = int(values_of(ready)['engine pid'])
+    assert harness.change_state(NODE, Transition.TRANSITION_ACTIVE_SHUTDOWN)
+    final_ns = _now()
+    assert harness.lifecycle_state(NODE) == 'finalized'
+    assert not psutil.pid_exists(new_pid)
+    status = _scheduler_in(harness, 'finalized', final_ns)
+    assert values_of(status)['engine state'] == 'stopped'
+    assert status.message.startswith('finalized: the node serves no more steps')
 
 
 def _has_error(array) -> bool:
