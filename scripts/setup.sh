@@ -9,8 +9,11 @@
 # --system-site-packages so that it sees the ROS packages, and torch is the user's choice:
 # TORCH_INDEX_URL names the index to install it from (https://download.pytorch.org/whl/cu128
 # for CUDA 12.8, .../whl/cpu for a CPU build), or a torch already installed is kept.
-# In both cases the package's messages are built with CMake and installed into .venv, and
-# the source tree is installed in editable mode next to them.
+# In both cases the package's messages are built with CMake and installed into .venv, the
+# source tree is installed in editable mode next to them, and .venv/share/vla_sched/launch,
+# .../config and .venv/lib/vla_sched link to the checkout's launch/, config/ and nodes/, so
+# that after `source .venv/share/vla_sched/local_setup.bash` (with a sourced ROS 2 that has
+# ros2launch) `ros2 launch vla_sched vla_sched.launch.py` works as it does after colcon.
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -59,6 +62,7 @@ stamp=$(cat "$root/scripts/setup.sh" "$root/requirements"/*.txt "$root/CMakeList
   "$root/package.xml" "$root/vla_sched/__init__.py" "$root"/msg/*.msg | sha256sum | cut -d' ' -f1)
 
 if [ -f "$marker" ] && [ "$(cat "$marker")" = "$stamp" ] && [ -x "$venv/bin/python" ]; then
+  bash "$root/scripts/link_share.sh" "$venv"
   echo "setup: .venv is up to date"
   exit 0
 fi
@@ -127,5 +131,7 @@ echo "$root" > "$site/vla_sched_source.pth"
 
 "$vpy" -c 'import vla_sched.msg, vla_sched.core' \
   || die "the installed messages or the sources do not import"
+# Launch files, parameters and executables where `ros2 launch` and `ros2 run` look for them.
+bash "$root/scripts/link_share.sh" "$venv"
 echo "$stamp" > "$marker"
 echo "setup: .venv ready ($("$vpy" -c 'import torch, rclpy; print("torch", torch.__version__)'))"
