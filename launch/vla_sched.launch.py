@@ -4,18 +4,29 @@
     ros2 launch vla_sched vla_sched.launch.py num_sim_robots:=4 start_aggregator:=true
     ros2 launch vla_sched vla_sched.launch.py params_file:=/path/to/params.yaml namespace:=gpu0
     ros2 launch vla_sched vla_sched.launch.py use_sim_time:=true log_level:=debug
+    ros2 launch vla_sched vla_sched.launch.py autostart:=false
     ros2 launch vla_sched vla_sched.launch.py --show-args
 
 Every argument is checked (vla_sched.ros.launch_args) before any process starts: a bad one
 ends the launch with a message naming it, and nothing is left running. vla_sched.launch.xml
 includes this file.
+
+The vla_sched node is a lifecycle node, started with its own ``autostart`` off: this file
+configures it once it runs (the engine starts and loads the model) and activates it once it
+is configured; ``autostart:=false`` leaves it configured but inactive, refusing every step,
+until ``ros2 lifecycle set /vla_sched activate`` (``/<namespace>/vla_sched`` under a
+namespace).
 """
 
 from launch import LaunchDescription
-from launch.actions import DeclareLaunchArgument, OpaqueFunction
+from launch.actions import DeclareLaunchArgument, EmitEvent, OpaqueFunction, RegisterEventHandler
+from launch.events import matches_action
 from launch.substitutions import LaunchConfiguration, PathJoinSubstitution
-from launch_ros.actions import Node
+from launch_ros.actions import LifecycleNode, Node
+from launch_ros.event_handlers import OnStateTransition
+from launch_ros.events.lifecycle import ChangeState
 from launch_ros.substitutions import FindPackageShare
+from lifecycle_msgs.msg import Transition
 
 from vla_sched.ros.launch_args import (
     BOOL_CHOICES,
@@ -64,28 +75,35 @@ def _arguments(share) -> list:
             description='log level of every node started here',
             choices=list(LOG_LEVELS),
         ),
+        DeclareLaunchArgument(
+            'autostart',
+            default_value='true',
+            description='true: take the vla_sched node to active; false: configure it only '
+            '(inactive, every step refused until ros2 lifecycle set <node> activate)',
+            choices=list(BOOL_CHOICES),
+        ),
     ]
 
 
 def _bring_up(context) -> list:
     """The processes, returned only once every argument passed its check."""
     names = ('params_file', 'namespace', 'num_sim_robots', 'sim_rate', 'start_aggregator')
-    names += ('analyzers_file', 'use_sim_time', 'log_level')
+    names += ('analyzers_file', 'use_sim_time', 'log_level', 'autostart')
     values = {name: LaunchConfiguration(name).perform(context) for name in names}
     args = check_launch_arguments(values)
     sim_time = {'use_sim_time': args.use_sim_time}
     log_level = ['--log-level', args.log_level]
-    actions = [
-        Node(
-            package='vla_sched',
-            executable='vla_sched_node',
-            name='vla_sched',
-            namespace=args.namespace,
-            parameters=[str(args.params_file), sim_time],
-            ros_arguments=log_level,
-            output='screen',
-        )
-    ]
+    node = LifecycleNode(
+        package='vla_sched',
+        executable='vla_sched_node',
+        name='vla_sched',
+        namespace=args.namespace,
+        # Its own autostart off: this file takes it through its transitions (_lifecycle).
+        parameters=[str(args.params_file), sim_time, {'autostart': False}],
+        ros_arguments=log_level,
+        output='screen',
+    )
+    actions = _lifecycle(node, activate=args.autostart)
     if args.start_aggregator:
         actions.append(
             Node(
@@ -111,6 +129,32 @@ def _bring_up(context) -> list:
             )
         )
     return actions
+
+
+def _lifecycle(node: LifecycleNode, *, activate: bool) -> list:
+    """Start ``node`` and configure it once it runs; with ``activate``, activate it once a
+    configure has brought it to inactive (the handler is registered before the node starts).
+    Launch waits for the node's lifecycle services and logs a transition that fails."""
+    configure = _change(node, Transition.TRANSITION_CONFIGURE)
+    if not activate:
+        return [node, configure]
+    activate_once_configured = RegisterEventHandler(
+        OnStateTransition(
+            target_lifecycle_node=node,
+            start_state='configuring',
+            goal_state='inactive',
+            entities=[_change(node, Transition.TRANSITION_ACTIVATE)],
+            handle_once=True,
+        )
+    )
+    return [activate_once_configured, node, configure]
+
+
+def _change(node: LifecycleNode, transition_id: int) -> EmitEvent:
+    """Ask ``node`` to take a transition, as ``ros2 lifecycle set`` does."""
+    return EmitEvent(
+        event=ChangeState(lifecycle_node_matcher=matches_action(node), transition_id=transition_id)
+    )
 
 
 def generate_launch_description():

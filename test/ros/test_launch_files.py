@@ -2,8 +2,10 @@
 their arguments before any process starts.
 
 launch_ros is not installable here, so the XML file is parsed and the Python files are read
-with ``ast``; the argument check itself is tested in test_launch_args.py. What the package
-installs is read from CMakeLists.txt's install rules:
+with ``ast``; the argument check itself is tested in test_launch_args.py, and the vla_sched
+node's lifecycle bring-up by running vla_sched.launch.py's ``_bring_up`` against stand-ins
+for launch and launch_ros that record what they are given. What the package installs is
+read from CMakeLists.txt's install rules:
 ``nodes/*`` to ``lib/vla_sched`` and the ``launch`` and ``config`` folders to
 ``share/vla_sched``.
 """
@@ -12,13 +14,17 @@ from __future__ import annotations
 
 import ast
 import re
+import runpy
+import sys
+import types
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
 import yaml
+from lifecycle_msgs.msg import Transition
 
-from vla_sched.ros.launch_args import check_launch_arguments, sim_robots
+from vla_sched.ros.launch_args import LaunchArgumentError, check_launch_arguments, sim_robots
 
 ROOT = Path(__file__).resolve().parents[2]
 LAUNCH = ROOT / 'launch'
@@ -65,6 +71,11 @@ def _py_calls(path: Path, func: str) -> list[ast.Call]:
     ]
 
 
+def _node_calls(path: Path) -> list[ast.Call]:
+    """The ``Node`` and ``LifecycleNode`` actions of a launch file."""
+    return [*_py_calls(path, 'Node'), *_py_calls(path, 'LifecycleNode')]
+
+
 def _kwargs(call: ast.Call) -> dict[str, ast.expr]:
     return {kw.arg: kw.value for kw in call.keywords}
 
@@ -100,6 +111,7 @@ def test_the_xml_launch_file_parses_with_documented_arguments():
         'analyzers_file',
         'use_sim_time',
         'log_level',
+        'autostart',
     }
     assert all(el.get('description') for el in args.values())
 
@@ -130,7 +142,7 @@ def test_every_launch_file_offers_sim_time_and_log_level_and_declares_its_choice
     assert all(choices[name] == ['true', 'false'] for name in flags)
     for name, allowed in choices.items():  # every default is among its choices
         assert allowed is None or arguments[name] in allowed, name
-    for call in _py_calls(path, 'Node'):
+    for call in _node_calls(path):
         kwargs = _kwargs(call)
         assert ast.unparse(kwargs['ros_arguments']) in (
             'log_level',
@@ -178,7 +190,7 @@ def test_the_xml_file_includes_the_python_file_passing_every_argument():
 def test_python_launch_files_name_installed_executables_and_files(path):
     share = installed_share()
     executables = installed_executables()
-    for call in _py_calls(path, 'Node'):
+    for call in _node_calls(path):
         kwargs = _kwargs(call)
         if kwargs['package'].value == 'vla_sched':
             assert kwargs['executable'].value in executables
@@ -209,12 +221,13 @@ def test_python_launch_files_check_their_arguments_before_any_node(path, opaque)
 
 
 def test_the_python_launch_file_starts_the_node_with_the_params_file_and_namespace():
-    calls = {_kwargs(c)['executable'].value: _kwargs(c) for c in _py_calls(PY_FILE, 'Node')}
+    calls = {_kwargs(c)['executable'].value: _kwargs(c) for c in _node_calls(PY_FILE)}
     node = calls['vla_sched_node']
     assert node['name'].value == 'vla_sched'
     assert [ast.unparse(e) for e in node['parameters'].elts] == [
         'str(args.params_file)',
         'sim_time',
+        "{'autostart': False}",  # the launch file takes it through its lifecycle
     ]
     assert ast.unparse(node['namespace']) == 'args.namespace'
     assert ast.unparse(calls['aggregator_node']['parameters']) == (
@@ -228,7 +241,7 @@ def test_the_python_launch_file_starts_the_node_with_the_params_file_and_namespa
 
 
 def test_parameter_files_are_keyed_for_the_nodes_the_launch_files_start():
-    calls = {_kwargs(c)['executable'].value: _kwargs(c) for c in _py_calls(PY_FILE, 'Node')}
+    calls = {_kwargs(c)['executable'].value: _kwargs(c) for c in _node_calls(PY_FILE)}
     params = yaml.safe_load((ROOT / 'config' / 'vla_sched.yaml').read_text())
     analyzers = yaml.safe_load((ROOT / 'config' / 'diagnostics_analyzers.yaml').read_text())
     assert set(params) == {'/**'}  # any namespace and node name
@@ -245,3 +258,88 @@ def test_simulated_robot_ids_are_the_ones_the_default_params_file_serves():
     robots = sim_robots(args)
     assert [r.robot_id for r in robots] == robot_ids
     assert [r.namespace for r in robots] == [f'/gpu0/{rid}' for rid in robot_ids]
+
+
+class _Recorded:
+    """A stand-in for a launch or launch_ros class: keeps what it was built with."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        self.args, self.kwargs = args, kwargs
+
+
+class _LaunchConfiguration(_Recorded):
+    def perform(self, context: dict) -> str:
+        return context[self.args[0]]
+
+
+def _stand_ins() -> dict[str, types.ModuleType]:
+    """Modules with the names vla_sched.launch.py imports from launch and launch_ros."""
+    names = {
+        'launch': ['LaunchDescription'],
+        'launch.actions': [
+            'DeclareLaunchArgument',
+            'EmitEvent',
+            'OpaqueFunction',
+            'RegisterEventHandler',
+        ],
+        'launch.events': [],
+        'launch.substitutions': ['PathJoinSubstitution'],
+        'launch_ros': [],
+        'launch_ros.actions': ['LifecycleNode', 'Node'],
+        'launch_ros.event_handlers': ['OnStateTransition'],
+        'launch_ros.events': [],
+        'launch_ros.events.lifecycle': ['ChangeState'],
+        'launch_ros.substitutions': ['FindPackageShare'],
+    }
+    modules = {}
+    for module, classes in names.items():
+        modules[module] = types.ModuleType(module)
+        for name in classes:
+            setattr(modules[module], name, type(name, (_Recorded,), {}))
+    modules['launch.substitutions'].LaunchConfiguration = _LaunchConfiguration
+    modules['launch.events'].matches_action = lambda action: ('matches', action)
+    return modules
+
+
+def _bring_up(monkeypatch, autostart: str) -> list:
+    """What vla_sched.launch.py's ``_bring_up`` returns for its default arguments and
+    ``autostart``."""
+    for name, module in _stand_ins().items():
+        monkeypatch.setitem(sys.modules, name, module)
+    context = {name: default for name, default in _py_arguments(PY_FILE).items()}
+    context.update(
+        params_file=str(ROOT / 'config' / 'vla_sched.yaml'),
+        analyzers_file=str(ROOT / 'config' / 'diagnostics_analyzers.yaml'),
+        autostart=autostart,
+    )
+    return runpy.run_path(str(PY_FILE))['_bring_up'](context)
+
+
+def _transition(action, node) -> int:
+    """The transition an ``EmitEvent(ChangeState(...))`` asks of ``node``."""
+    assert type(action).__name__ == 'EmitEvent'
+    change = action.kwargs['event']
+    assert change.kwargs['lifecycle_node_matcher'] == ('matches', node)
+    return change.kwargs['transition_id']
+
+
+def test_the_launch_file_configures_the_lifecycle_node_and_activates_it_by_default(monkeypatch):
+    handler, node, configure = _bring_up(monkeypatch, 'true')
+    assert type(node).__name__ == 'LifecycleNode'
+    assert node.kwargs['executable'] == 'vla_sched_node'
+    assert {'autostart': False} in node.kwargs['parameters']  # not on its own
+    assert _transition(configure, node) == Transition.TRANSITION_CONFIGURE
+    (on_configured,) = handler.args
+    assert on_configured.kwargs['target_lifecycle_node'] is node
+    assert on_configured.kwargs['start_state'] == 'configuring'
+    assert on_configured.kwargs['goal_state'] == 'inactive'
+    (activate,) = on_configured.kwargs['entities']
+    assert _transition(activate, node) == Transition.TRANSITION_ACTIVATE
+
+
+def test_autostart_false_leaves_the_node_configured(monkeypatch):
+    node, configure = _bring_up(monkeypatch, 'false')
+    assert type(node).__name__ == 'LifecycleNode'
+    assert _transition(configure, node) == Transition.TRANSITION_CONFIGURE
+    with pytest.raises(LaunchArgumentError, match="autostart must be true or false, got 'yes'"):
+        _bring_up(monkeypatch, 'yes')

@@ -49,6 +49,7 @@ class LaunchArguments:
     use_sim_time: bool | None = None
     log_level: str | None = None
     robot_ids: tuple[str, ...] | None = None
+    autostart: bool | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +91,7 @@ def check_launch_arguments(
     - ``log_level``: one of ``LOG_LEVELS``, in any case.
     - ``robot_ids``: one or more robot ids (a letter, then letters, digits or underscores),
       separated by commas or spaces, each once.
+    - ``autostart``: true or false (or 1 / 0).
 
     Raises:
         LaunchArgumentError: naming every unusable argument and its value.
@@ -118,6 +120,8 @@ def check_launch_arguments(
         fields['log_level'] = _log_level(values['log_level'], problems)
     if 'robot_ids' in values:
         fields['robot_ids'] = _robot_ids(values['robot_ids'], problems)
+    if 'autostart' in values:
+        fields['autostart'] = _flag('autostart', values['autostart'], problems)
     if problems:
         raise LaunchArgumentError('bad launch arguments: ' + '; '.join(problems))
     return LaunchArguments(**fields)
