@@ -139,3 +139,18 @@ def test_the_executor_plays_a_chunk_the_controller_accepts_skips_a_late_one_and_
     assert (values['chunks executed'], values['holds']) == ('1', '1')
     assert values['chunks skipped: past_deadline'] == '1'
     assert float(values['newest chunk age (s)']) >= HORIZON * DT_NS / 1e9
+
+
+def test_the_analyzers_claim_each_executors_status_once_in_a_row_of_its_own():
+    from analyzer_rules import analyzers_from_params, claims, row_name, rules_from_params
+
+    params = yaml.safe_load((ROOT / 'config' / 'diagnostics_analyzers.yaml').read_text())
+    params = params['analyzers']['ros__parameters']
+    rules, analyzers = list(rules_from_params(params)), analyzers_from_params(params)
+    rows = set()
+    for namespace in ('/robot_0', '/gpu0/robot_0', '/gpu0/arm_left'):
+        name = f'{namespace}/vla_chunk_executor: chunk executor'
+        (rule,) = claims(rules, name)
+        assert rule.analyzer == 'executors'
+        rows.add(row_name(analyzers['executors'], name))
+    assert len(rows) == 3
