@@ -75,12 +75,14 @@ def test_colcon_installs_messages_sources_kernels_and_executables(install_space)
     assert (site / 'vla_sched' / 'kernels' / '__init__.py').is_file()
     assert not (site / 'vla_sched' / 'kernels').is_symlink()
     executables = sorted(p.name for p in (pkg / 'lib' / 'vla_sched').iterdir())
-    assert 'vla_roundtrip' in executables
+    assert {'vla_roundtrip', 'vla_sched_node', 'vla_chunk_executor'} <= set(executables)
     assert all(os.access(pkg / 'lib' / 'vla_sched' / name, os.X_OK) for name in executables)
     assert (pkg / 'share' / 'vla_sched' / 'package.xml').is_file()
     for share_dir in ('launch', 'config'):
         if (install_space.parent / share_dir).is_dir():
             assert (pkg / 'share' / 'vla_sched' / share_dir).is_dir()
+    assert (pkg / 'share' / 'vla_sched' / 'launch' / 'chunk_executor.launch.py').is_file()
+    assert (pkg / 'share' / 'vla_sched' / 'config' / 'chunk_executor.yaml').is_file()
 
 
 def test_sourced_install_space_imports_its_own_messages_and_sources(install_space, tmp_path):
