@@ -15,13 +15,20 @@ import numpy as np
 import pytest
 import rclpy
 import yaml
+from analyzer_rules import analyzers_from_params, claims, row_name, rules_from_params
 from diagnostic_msgs.msg import DiagnosticArray
 from rclpy.executors import SingleThreadedExecutor
 from trajectory_controller_rules import controller_refusal
 from trajectory_msgs.msg import JointTrajectory
 
 from vla_sched.msg import ActionChunk
+from vla_sched.ros.chunk_executor import Chunk, ChunkExecutor, Command
 from vla_sched.ros.chunk_executor_config import ChunkExecutorConfig
+from vla_sched.ros.chunk_executor_node import (
+    chunk_from_message,
+    executor_status,
+    trajectory_message,
+)
 from vla_sched.ros.conversions import ns_to_stamp, stamp_to_ns
 from vla_sched.ros.robot_topics import control_qos
 from vla_sched.settings import settings_of
@@ -142,8 +149,6 @@ def test_the_executor_plays_a_chunk_the_controller_accepts_skips_a_late_one_and_
 
 
 def test_the_analyzers_claim_each_executors_status_once_in_a_row_of_its_own():
-    from analyzer_rules import analyzers_from_params, claims, row_name, rules_from_params
-
     params = yaml.safe_load((ROOT / 'config' / 'diagnostics_analyzers.yaml').read_text())
     params = params['analyzers']['ros__parameters']
     rules, analyzers = list(rules_from_params(params)), analyzers_from_params(params)
@@ -154,3 +159,58 @@ def test_the_analyzers_claim_each_executors_status_once_in_a_row_of_its_own():
         assert rule.analyzer == 'executors'
         rows.add(row_name(analyzers['executors'], name))
     assert len(rows) == 3
+
+
+def test_a_message_becomes_a_chunk_with_its_dt_read_to_the_microsecond():
+    chunk = chunk_from_message(_chunk(7, 5 * DT_NS, 1.0, budget_ns=DT_NS))
+    assert chunk.dt_ns == DT_NS  # float32 0.2 s is 0.2000000030 s
+    assert (chunk.stamp_ns, chunk.deadline_ns, chunk.horizon) == (5 * DT_NS, 6 * DT_NS, HORIZON)
+    np.testing.assert_array_equal(chunk.actions[1], [4.0, 5.0, 6.0])
+    broken = _chunk(8, 0, 1.0, budget_ns=DT_NS)
+    broken.horizon = HORIZON + 1
+    with pytest.raises(ValueError, match='action values for horizon 5 x 3'):
+        chunk_from_message(broken)
+
+
+def test_the_trajectory_is_stamped_at_the_tick_or_zero_with_the_same_points():
+    command = Command(
+        at_ns=10 * DT_NS + 5,
+        rows=np.array([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]]),
+        reached_ns=(11 * DT_NS, 12 * DT_NS),
+        dt_ns=DT_NS,
+        joint_names=JOINTS,
+        action_space='joint_position',
+        frame_id='base',
+    )
+    stamped = trajectory_message(command, stamped=True)
+    on_receipt = trajectory_message(command, stamped=False)
+    assert stamp_to_ns(stamped.header.stamp) == command.at_ns
+    assert stamp_to_ns(on_receipt.header.stamp) == 0 and on_receipt.points == stamped.points
+    times = [stamp_to_ns(p.time_from_start) for p in stamped.points]
+    assert times == [DT_NS - 5, 2 * DT_NS - 5]
+    assert [list(p.positions) for p in stamped.points] == command.rows.tolist()
+    assert controller_refusal(stamped, received_ns=command.at_ns + DT_NS // 2) is None
+
+
+def test_the_status_is_stale_before_the_first_chunk_ok_while_playing_warn_while_holding():
+    config = ChunkExecutorConfig()
+    rules = ChunkExecutor(
+        action_spaces=('joint_position',), blending='off', ensemble_m=0.0, lookahead=False
+    )
+
+    def status(now_ns):
+        return executor_status(rules, config, node_name='/arm/vla_chunk_executor', now_ns=now_ns)
+
+    waiting = status(0)
+    assert (waiting.level, waiting.message) == (3, 'waiting for the first chunk')
+    assert dict(waiting.values)['newest chunk age (s)'] == 'n/a'
+    assert waiting.name == '/arm/vla_chunk_executor: chunk executor'
+    chunk = Chunk(1, 0, DT_NS, DT_NS, np.zeros((1, 3)), JOINTS, 'joint_position', 'base')
+    rules.receive(chunk, 0)
+    rules.tick(0)
+    playing = status(DT_NS // 2)
+    assert playing.level == 0 and dict(playing.values)['newest chunk age (s)'] == '0.100'
+    rules.tick(DT_NS)
+    holding = status(DT_NS)
+    assert holding.level == 1 and holding.message.startswith('holding: no valid action left')
+    assert dict(holding.values)['holds'] == '1'
