@@ -188,13 +188,12 @@ class VlaSchedNode(LifecycleNode):
     def _autostart(self) -> None:
         """Configure and activate now, as a node started on its own is expected to serve; a
         checkpoint that cannot be served stops start-up as a bad parameter does."""
-        if self.trigger_configure() != SUCCESS:
-            if self._configure_error:
-                raise ModelPathError(self._configure_error)
-            raise RuntimeError('configure failed; see the log')
-        if self.trigger_activate() != SUCCESS:
-            self._stop_engine()
-            raise RuntimeError('activate failed; see the log')
+        if self.trigger_configure() == SUCCESS and self.trigger_activate() == SUCCESS:
+            return
+        self.close()
+        if self._configure_error:
+            raise ModelPathError(self._configure_error)
+        raise RuntimeError('autostart failed; see the log')
 
     # --- lifecycle transitions -------------------------------------------------------------
 
@@ -248,12 +247,15 @@ class VlaSchedNode(LifecycleNode):
 
     @_logs_errors
     def on_cleanup(self, state: LifecycleState) -> TransitionCallbackReturn:
+        """Stop the engine (and its process); a later configure starts a new one."""
         self._stop_engine()
         self.get_logger().info('unconfigured: engine stopped')
         return SUCCESS
 
     @_logs_errors
     def on_shutdown(self, state: LifecycleState) -> TransitionCallbackReturn:
+        """Stop serving and the engine for good; the finalized node keeps reporting on
+        /diagnostics and refusing steps until its process ends."""
         if self._active:
             self._stop_serving('shut down')
             super().on_deactivate(state)  # the lifecycle publishers stop as on deactivate
