@@ -26,8 +26,7 @@ import rclpy
 import yaml
 from diagnostic_msgs.msg import DiagnosticArray
 from geometry_msgs.msg import TwistStamped
-from lifecycle_msgs.msg import Transition
-from lifecycle_msgs.srv import ChangeState, GetState
+from lifecycle_msgs.srv import ChangeState, GetAvailableTransitions, GetState
 from rclpy.executors import SingleThreadedExecutor
 from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
 from rclpy.qos import qos_profile_sensor_data as sensor_qos
@@ -185,9 +184,20 @@ class Harness:
         response = self._call(GetState, f'{node_name}/get_state', GetState.Request(), timeout_s)
         return response.current_state.label
 
-    def change_state(self, node_name: str, transition_id: int, timeout_s: float = 30.0) -> bool:
-        """Whether ``node_name`` took the transition (``ros2 lifecycle set``)."""
-        request = ChangeState.Request(transition=Transition(id=transition_id))
+    def change_state(self, node_name: str, label: str, timeout_s: float = 30.0) -> bool:
+        """Whether ``node_name`` took the transition ``label`` (``configure``, ``activate``,
+        ...), asked as ``ros2 lifecycle set`` asks: the label is looked up among the node's
+        available transitions (False when it is not one of them), then taken by its id."""
+        available = self._call(
+            GetAvailableTransitions,
+            f'{node_name}/get_available_transitions',
+            GetAvailableTransitions.Request(),
+            timeout_s,
+        ).available_transitions
+        match = [t.transition for t in available if t.transition.label == label]
+        if not match:
+            return False
+        request = ChangeState.Request(transition=match[0])
         return self._call(ChangeState, f'{node_name}/change_state', request, timeout_s).success
 
     def _call(self, srv_type, name: str, request, timeout_s: float):

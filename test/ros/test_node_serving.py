@@ -16,7 +16,6 @@ import time
 import numpy as np
 import psutil
 import pytest
-from lifecycle_msgs.msg import Transition
 from rclpy.duration import Duration
 from rclpy.qos import DurabilityPolicy, ReliabilityPolicy
 from ros_harness import JOINTS, Harness, NodeProcess, level_of, values_of
@@ -325,9 +324,9 @@ def _scheduler_in(harness: Harness, state: str, after_ns: int):
 def test_lifecycle_transitions_pause_resume_and_restart_serving(served):
     node, harness = served
     assert harness.lifecycle_state(NODE) == 'active'  # autostart took it there
-    assert not harness.change_state(NODE, Transition.TRANSITION_ACTIVATE)  # not from active
+    assert not harness.change_state(NODE, 'activate')  # not from active
     # deactivate: every step is refused with its reason, nothing is published
-    assert harness.change_state(NODE, Transition.TRANSITION_DEACTIVATE)
+    assert harness.change_state(NODE, 'deactivate')
     paused_ns = _now()
     assert harness.lifecycle_state(NODE) == 'inactive'
     for rid in ROBOTS:
@@ -341,15 +340,15 @@ def test_lifecycle_transitions_pause_resume_and_restart_serving(served):
     assert robot is not None and level_of(robot) == 1
     assert not any(_served_since(harness, rid, paused_ns) for rid in ROBOTS)
     # activate: serving resumes
-    assert harness.change_state(NODE, Transition.TRANSITION_ACTIVATE)
+    assert harness.change_state(NODE, 'activate')
     resumed_ns = _now()
     assert harness.spin_until(
         lambda: all(_served_since(harness, r, resumed_ns) for r in ROBOTS), 60
     )
     # cleanup stops the engine; the node still reports and refuses, naming its state
     old_pid = int(values_of(harness.status(SCHEDULER))['engine pid'])
-    assert harness.change_state(NODE, Transition.TRANSITION_DEACTIVATE)
-    assert harness.change_state(NODE, Transition.TRANSITION_CLEANUP)
+    assert harness.change_state(NODE, 'deactivate')
+    assert harness.change_state(NODE, 'cleanup')
     stopped_ns = _now()
     assert harness.lifecycle_state(NODE) == 'unconfigured'
     assert not psutil.pid_exists(old_pid)
@@ -357,8 +356,8 @@ def test_lifecycle_transitions_pause_resume_and_restart_serving(served):
     assert values_of(status)['engine state'] == 'stopped' and level_of(status) == 1
     _wait_rejection(harness, 'robot_1', stopped_ns, StepRejected.REASON_INACTIVE, 'unconfigured')
     # configure starts a new engine, and once active the robots are served by it
-    assert harness.change_state(NODE, Transition.TRANSITION_CONFIGURE)
-    assert harness.change_state(NODE, Transition.TRANSITION_ACTIVATE)
+    assert harness.change_state(NODE, 'configure')
+    assert harness.change_state(NODE, 'activate')
     restarted_ns = _now()
     ready = harness.wait_status(
         SCHEDULER, lambda s: values_of(s)['engine state'] == 'ready', 180, after_ns=restarted_ns
@@ -371,7 +370,7 @@ def test_lifecycle_transitions_pause_resume_and_restart_serving(served):
     )
     # shutdown stops the engine for good; the finalized node still reports until it exits
     new_pid = int(values_of(ready)['engine pid'])
-    assert harness.change_state(NODE, Transition.TRANSITION_ACTIVE_SHUTDOWN)
+    assert harness.change_state(NODE, 'shutdown')
     final_ns = _now()
     assert harness.lifecycle_state(NODE) == 'finalized'
     assert not psutil.pid_exists(new_pid)
