@@ -46,6 +46,7 @@ from collections.abc import Callable, Sequence
 
 import rclpy
 from diagnostic_msgs.msg import DiagnosticArray
+from rclpy.clock import Clock, ClockType
 from rclpy.exceptions import ParameterException
 from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
 from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
@@ -175,8 +176,12 @@ class VlaSchedNode(LifecycleNode):
         tick_s = min(self.config.link.heartbeat_period_s, self.config.diagnostics.period_s)
         self._diagnostics_period_ns = diagnostics_ns
         self._tick_ns = round(tick_s * 1e9)
-        self._diagnostics_due_ns = self._now_ns() + diagnostics_ns
-        self.create_timer(tick_s, self._tick)
+        # On the steady clock: heartbeats and /diagnostics keep their period under
+        # use_sim_time, also while nothing publishes /clock (the engine would read a silent
+        # frontend as lost).
+        self._steady_clock = Clock(clock_type=ClockType.STEADY_TIME)
+        self._diagnostics_due_ns = self._steady_ns() + diagnostics_ns
+        self.create_timer(tick_s, self._tick, clock=self._steady_clock)
         if autostart:
             self._autostart()
         else:
@@ -356,7 +361,7 @@ class VlaSchedNode(LifecycleNode):
         """Every heartbeat period (or diagnostics period, if shorter): the pump's periodic
         work, and /diagnostics when its period has come (within half a tick)."""
         self._pump()
-        now = self._now_ns()
+        now = self._steady_ns()
         if now + self._tick_ns // 2 >= self._diagnostics_due_ns:
             self._diagnostics_due_ns += self._diagnostics_period_ns
             if self._diagnostics_due_ns <= now:  # fell behind: skip the missed periods
@@ -488,6 +493,9 @@ class VlaSchedNode(LifecycleNode):
 
     def _now_ns(self) -> int:
         return self.get_clock().now().nanoseconds
+
+    def _steady_ns(self) -> int:
+        return self._steady_clock.now().nanoseconds
 
     def publish_diagnostics(self) -> None:
         now = self._now_ns()
