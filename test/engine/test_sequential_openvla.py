@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import numpy as np
@@ -12,6 +13,7 @@ from vla_sched.engine.config import EngineConfig
 from vla_sched.engine.sequential_core import SequentialCore
 from vla_sched.ipc.messages import StepRequest, StepResult
 from vla_sched.model.hf_openvla import HFOpenVLAPolicy
+from vla_sched.model.layers.image_crop import center_crop_image
 from vla_sched.testing.openvla_writer import write_openvla_checkpoint
 
 pytestmark = pytest.mark.slow
@@ -23,10 +25,10 @@ def folder(tmp_path_factory):
     return write_openvla_checkpoint(tmp_path_factory.mktemp('seq_openvla'), datasets=DATASETS)
 
 
-def _request(step_seq: int) -> StepRequest:
+def _request(step_seq: int, robot_id: str = 'r1') -> StepRequest:
     now = time.time_ns()
     return StepRequest(
-        robot_id='r1', step_seq=step_seq, stamp_ns=now, deadline_ns=now + 120 * 10**9,
+        robot_id=robot_id, step_seq=step_seq, stamp_ns=now, deadline_ns=now + 120 * 10**9,
         received_ns=now, image=np.full((60, 80, 3), 30 * step_seq, np.uint8),
         state=np.zeros(0, np.float32), instruction='put the cup on the plate',
         instruction_version=1,
@@ -41,12 +43,26 @@ def _serve_one(core: SequentialCore, request: StepRequest) -> StepResult:
 
 
 def test_a_step_returns_openvlas_actions_for_the_chosen_dataset(folder):
-    config = EngineConfig(core='sequential', model_path=str(folder), unnorm_key='fractal')
+    config = EngineConfig(
+        core='sequential', model_path=str(folder), unnorm_key='fractal',
+        robots={'libero': {'center_crop': True}},
+    )  # fmt: skip
     core = SequentialCore.from_config(config)
     assert core.info.prompt_layout.startswith('image first')
+    seen = []  # the images the model gets
+    action_token_ids = core.openvla.action_token_ids
+
+    def recording(image, *args, **kwargs):
+        seen.append(image)
+        return action_token_ids(image, *args, **kwargs)
+
+    core.openvla.action_token_ids = recording
     try:
         request = _request(1)
         result = _serve_one(core, request)
+        frame = np.random.default_rng(0).integers(0, 256, (60, 80, 3), dtype=np.uint8)
+        cropping = dataclasses.replace(_request(1, robot_id='libero'), image=frame)
+        cropped = _serve_one(core, cropping)
     finally:
         core.close()
     assert result.actions.shape == (1, 7) and result.actions.dtype == np.float32
@@ -54,6 +70,11 @@ def test_a_step_returns_openvlas_actions_for_the_chosen_dataset(folder):
     policy = HFOpenVLAPolicy(folder, dtype=torch.float32, unnorm_key='fractal')
     expected = policy.predict(request.image, request.instruction)
     np.testing.assert_allclose(result.actions, expected, rtol=0, atol=1e-6)
+    # The cropping robot's image reaches the model center-cropped, the other's as it came.
+    assert seen[0] is request.image
+    np.testing.assert_array_equal(seen[1], center_crop_image(frame))
+    expected = policy.predict(center_crop_image(frame), cropping.instruction)
+    np.testing.assert_allclose(cropped.actions, expected, rtol=0, atol=1e-6)
 
 
 def test_action_range_decoding_also_serves_an_openvla_folder(folder):

@@ -79,6 +79,12 @@ def test_engine_config_names_the_bad_setting():
         EngineConfig(kv_pool_tokens=8, page_size=16)
     with pytest.raises(EngineConfigError, match=r"robots\.arm: unknown keys \['prio'\]"):
         EngineConfig(robots={'arm': {'prio': 1}})
-    config = EngineConfig.from_mapping({'robots': {'arm': {'priority': 2}}})
+    with pytest.raises(EngineConfigError, match=r'robots\.arm\.center_crop must be a boolean'):
+        EngineConfig(robots={'arm': {'center_crop': 1}})
+    config = EngineConfig.from_mapping(
+        {'robots': {'arm': {'priority': 2}, 'cam': {'center_crop': True}}}
+    )
     assert config.robot_priority('arm') == 2 and config.robot_priority('other') == 0
+    assert config.robot_center_crop('cam') and not config.robot_center_crop('arm')
+    assert not config.robot_center_crop('other')
     assert EngineConfig.from_mapping(config.to_mapping()) == config

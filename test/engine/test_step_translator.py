@@ -17,6 +17,7 @@ from vla_sched.engine.scheduled_core import kv_memory_config_for
 from vla_sched.engine.step_translator import StepTranslator, image_content_hash
 from vla_sched.ipc.messages import StepRequest
 from vla_sched.model.config.checkpoint_spec import PromptTemplate
+from vla_sched.model.layers.image_crop import center_crop_image
 from vla_sched.model.prompting.prompt import VLAPromptBuilder
 
 
@@ -60,6 +61,22 @@ def test_the_prompt_is_the_template_and_the_image_span_is_keyed_by_the_pixels(tr
     assert image.pixels is request.image
     other = translator.translate(_request(image=np.full((6, 8, 3), 10, np.uint8)))
     assert other.req.images[0].content_hash != image.content_hash
+
+
+def test_a_cropping_robots_frame_reaches_the_model_center_cropped_and_keyed_by_the_crop():
+    folder, _ = resolve_checkpoint('')
+    config = EngineConfig(robots={'cropped': {'center_crop': True}, 'plain': {}})
+    translator = StepTranslator.from_checkpoint(folder, config)
+    frame = np.random.default_rng(0).integers(0, 256, (24, 32, 3), dtype=np.uint8)
+    (cropped,) = translator.translate(_request(robot_id='cropped', image=frame)).req.images
+    expected = center_crop_image(frame)
+    assert cropped.pixels.shape == (224, 224, 3)
+    np.testing.assert_array_equal(cropped.pixels, expected)
+    assert cropped.content_hash == image_content_hash(expected)
+    for robot_id in ('plain', 'unlisted'):
+        (image,) = translator.translate(_request(robot_id=robot_id, image=frame)).req.images
+        assert image.pixels is frame
+        assert image.content_hash == image_content_hash(frame)
 
 
 def test_the_session_prefix_is_the_instruction_part_in_the_model_namespace(translator):

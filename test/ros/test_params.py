@@ -135,6 +135,11 @@ def test_the_params_file_builds_a_valid_config_and_engine_settings():
         'robot_0': {'priority': 1},
         **{f'robot_{i}': {'priority': 0} for i in (1, 2, 3)},
     }
+    cropping = dataclasses.replace(config.robot('robot_2'), center_crop=True)
+    robots = tuple(cropping if r.robot_id == 'robot_2' else r for r in config.robots)
+    engine = dataclasses.replace(config, robots=robots).engine_config()
+    assert engine.robots == {'robot_2': {'center_crop': True}}  # crops travel on their own
+    assert engine.robot_center_crop('robot_2') and not engine.robot_center_crop('robot_0')
 
 
 @pytest.mark.parametrize(

@@ -27,6 +27,7 @@ DTYPES = ('auto', 'float32', 'bfloat16', 'float16')
 CORES = ('scheduled', 'sequential')
 ENGINE_MODES = ('process', 'inprocess')
 ACTION_DECODINGS = ('auto', 'whole_vocab', 'action_range')
+ROBOT_KEYS = ('priority', 'center_crop')  # what ``EngineConfig.robots`` may say of a robot
 # Prefill chunks when chunked_prefill_size is 0. On a CPU a short chunk keeps a new robot's
 # prefill from stalling the others' decodes; on a GPU a whole OpenVLA prompt (about 280
 # tokens) costs a few decode steps, and every extra chunk pays the eager pass's host time.
@@ -59,8 +60,10 @@ class EngineConfig:
     checkpoint's own: ``whole_vocab`` for OpenVLA folders, ``action_range`` otherwise.
 
     The settings without a group are not parameters of their own: the node fills them in
-    from its ``deadlines``, ``limits`` and ``diagnostics`` settings and its robots' priorities
-    (``robots``: ``{robot_id: {'priority': int}}``).
+    from its ``deadlines``, ``limits`` and ``diagnostics`` settings and its robots' settings
+    (``robots``: ``{robot_id: {'priority': int, 'center_crop': bool}}``, each key optional;
+    ``center_crop`` true: the robot's frames get OpenVLA's LIBERO center crop before the
+    model sees them).
     """
 
     model_path: str = setting(
@@ -182,12 +185,14 @@ class EngineConfig:
         for robot_id, settings in self.robots.items():
             if not robot_id or not isinstance(settings, Mapping):
                 raise EngineConfigError(f'robots: bad entry {robot_id!r}: {settings!r}')
-            unknown = set(settings) - {'priority'}
+            unknown = set(settings) - set(ROBOT_KEYS)
             if unknown:
                 raise EngineConfigError(f'robots.{robot_id}: unknown keys {sorted(unknown)}')
             priority = settings.get('priority', 0)
             if isinstance(priority, bool) or not isinstance(priority, int):
                 raise EngineConfigError(f'robots.{robot_id}.priority must be an integer')
+            if not isinstance(settings.get('center_crop', False), bool):
+                raise EngineConfigError(f'robots.{robot_id}.center_crop must be a boolean')
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any]) -> EngineConfig:
@@ -205,6 +210,9 @@ class EngineConfig:
 
     def robot_priority(self, robot_id: str) -> int:
         return int(self.robots.get(robot_id, {}).get('priority', 0))
+
+    def robot_center_crop(self, robot_id: str) -> bool:
+        return bool(self.robots.get(robot_id, {}).get('center_crop', False))
 
     def prefill_chunk_tokens(self, device_type: str) -> int:
         """Prefill tokens per step on ``device_type`` ('cpu', 'cuda'): the setting, or for 0

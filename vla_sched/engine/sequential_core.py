@@ -42,6 +42,7 @@ from vla_sched.ipc.messages import (
     StepResult,
 )
 from vla_sched.model.config.openvla_towers import OpenVLAVisionSpec
+from vla_sched.model.layers.image_crop import center_crop_image
 from vla_sched.model.prompting.action_tokenizer import ActionChunkDecoder
 
 if TYPE_CHECKING:
@@ -170,13 +171,16 @@ class SequentialCore:
         state = request.state if self._info.num_state else None
         layout = self.prompts.build(request.instruction, state=state)
         timing = _Timing(*self.spec.sampled_token_range(whole_vocab=self.whole_vocab))
+        image = request.image
+        if self.config.robot_center_crop(request.robot_id):
+            image = center_crop_image(image)
         start = time.perf_counter()
         if self.openvla is not None:
             tokens = self.openvla.action_token_ids(
-                request.image, request.instruction, logits_processor=[timing]
+                image, request.instruction, logits_processor=[timing]
             )
         else:
-            tokens = self._llava_tokens(request, layout.token_ids, timing)
+            tokens = self._llava_tokens(image, layout.token_ids, timing)
         actions = self.decoder.decode(tokens, clip_to_bins=self.whole_vocab).astype(np.float32)
         end = time.perf_counter()
         stamps = [start, *timing.stamps, end]
@@ -207,13 +211,13 @@ class SequentialCore:
         )
 
     def _llava_tokens(
-        self, request: StepRequest, token_ids: tuple[int, ...], timing: _Timing
+        self, image: np.ndarray, token_ids: tuple[int, ...], timing: _Timing
     ) -> list[int]:
-        """A LLaVA checkpoint's action token ids through ``generate``."""
+        """A LLaVA checkpoint's action token ids for ``image`` through ``generate``."""
         from vla_sched.model.layers.vision import preprocess_image
 
         input_ids = torch.tensor([token_ids], device=self.device)
-        pixels = preprocess_image(request.image, self.spec.preprocessing, device=self.device)
+        pixels = preprocess_image(image, self.spec.preprocessing, device=self.device)
         out = self.model.generate(
             input_ids=input_ids,
             attention_mask=torch.ones_like(input_ids),

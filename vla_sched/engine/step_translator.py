@@ -3,7 +3,9 @@ becomes a request (the scheduled core and the benchmarks use it).
 
 API::
 
-    translator = StepTranslator(spec, prompts, model_name=..., whole_vocab=...)
+    translator = StepTranslator(
+        spec, prompts, model_name=..., whole_vocab=..., center_crop_robots=frozenset(...)
+    )
     translator = StepTranslator.from_checkpoint(folder, engine_config)  # the core's way
     step = translator.translate(request)  # -> TranslatedStep
     scheduler.open_or_update_session(
@@ -12,8 +14,9 @@ API::
     scheduler.add_request(step.req)
 
 ``translate`` builds the prompt from the checkpoint's template (the state goes in only
-when the template has state tokens), keys the image placeholder span by the frame's
-``image_content_hash``, limits decoding to the sampled token range (the action tokens, or
+when the template has state tokens), center-crops the frame of a robot that asks for it
+(OpenVLA's LIBERO crop), keys the image placeholder span by the ``image_content_hash`` of the
+frame the model sees, limits decoding to the sampled token range (the action tokens, or
 the whole vocabulary), and fills the ``Req``: id ``'<robot_id>/<step_seq>'``, H*D new
 tokens, the robot as its session, the deadline and stamp, the model name as the radix
 namespace, and ``times.received_ns``. It checks nothing: a step reaches it after
@@ -32,6 +35,7 @@ import torch
 from vla_sched.core.forward_batch import ImageInput, SamplingParams
 from vla_sched.core.memory.radix_key import RadixKey
 from vla_sched.core.scheduling.request import Req
+from vla_sched.model.layers.image_crop import center_crop_image
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -79,6 +83,8 @@ class StepTranslator:
         model_name: the radix-cache namespace of every request (the checkpoint's name).
         whole_vocab: decode over the whole vocabulary (OpenVLA's way) instead of only the
             action token range.
+        center_crop_robots: the robots whose frames are center-cropped before the model
+            sees them (``center_crop_image``).
     """
 
     def __init__(
@@ -88,18 +94,21 @@ class StepTranslator:
         *,
         model_name: str,
         whole_vocab: bool,
+        center_crop_robots: frozenset[str] = frozenset(),
     ) -> None:
         self.spec = spec
         self.prompts = prompts
         self.model_name = model_name
         self.whole_vocab = whole_vocab
+        self.center_crop_robots = center_crop_robots
         start, end = spec.sampled_token_range(whole_vocab=whole_vocab)
         self.sampling = SamplingParams(allowed_token_start=start, allowed_token_end=end)
 
     @classmethod
     def from_checkpoint(cls, folder: Path, config: EngineConfig) -> StepTranslator:
         """The translator of the checkpoint in ``folder`` under the engine's settings
-        (``unnorm_key``, ``action_decoding``); the folder's name is the model name."""
+        (``unnorm_key``, ``action_decoding``, the robots' ``center_crop``); the folder's
+        name is the model name."""
         from vla_sched.engine.checkpoints import decodes_whole_vocab, read_configured_spec
         from vla_sched.model.prompting.prompt import VLAPromptBuilder
 
@@ -109,6 +118,7 @@ class StepTranslator:
             VLAPromptBuilder.from_checkpoint(folder, spec),
             model_name=folder.name,
             whole_vocab=decodes_whole_vocab(config, spec),
+            center_crop_robots=frozenset(r for r in config.robots if config.robot_center_crop(r)),
         )
 
     def translate(self, request: StepRequest) -> TranslatedStep:
@@ -117,11 +127,14 @@ class StepTranslator:
         layout = self.prompts.build(request.instruction, state=state)
         images: tuple[ImageInput, ...] = ()
         if layout.num_image_tokens:
+            pixels = request.image
+            if request.robot_id in self.center_crop_robots:
+                pixels = center_crop_image(pixels)
             image = ImageInput(
-                content_hash=image_content_hash(request.image),
+                content_hash=image_content_hash(pixels),
                 token_offset=layout.image_offset,
                 num_tokens=layout.num_image_tokens,
-                pixels=request.image,
+                pixels=pixels,
             )
             images = (image,)
         req = Req(

@@ -59,6 +59,10 @@ class RobotConfig:
     published; their timing is in ``outputs``. A step whose joint state is older than
     ``max_state_age_s``, or stamped further than ``max_state_image_skew_s`` from its image, is
     refused (0 turns either check off).
+
+    ``center_crop`` gives each of the robot's images OpenVLA's LIBERO center crop (the
+    central 90% of the area resized back to 224x224) before the model sees it: the LIBERO
+    fine-tunes of OpenVLA were trained on such crops and need it.
     """
 
     robot_id: str
@@ -126,6 +130,11 @@ class RobotConfig:
         'raw',
         'raw: camera/image_raw; compressed: camera/image_raw/compressed',
         choices=IMAGE_TRANSPORTS,
+    )
+    center_crop: bool = setting(
+        False,
+        "center-crop each image to 90% of its area and resize it back to 224x224, as OpenVLA's "
+        'LIBERO evaluation does (needed by the LIBERO fine-tunes)',
     )
 
     def __post_init__(self) -> None:
@@ -334,11 +343,18 @@ class FrontendConfig:
         """The engine's settings: ``engine`` plus what the node fills in.
 
         Robot priorities are sent only when priority scheduling is on (the scheduler refuses
-        priorities it would not use); the engine's statistics come at the /diagnostics period.
+        priorities it would not use), a robot's ``center_crop`` only when it is on; the
+        engine's statistics come at the /diagnostics period.
         """
         robots = {}
-        if self.engine.enable_priority:
-            robots = {r.robot_id: {'priority': r.priority} for r in self.robots}
+        for robot in self.robots:
+            settings: dict[str, int | bool] = {}
+            if self.engine.enable_priority:
+                settings['priority'] = robot.priority
+            if robot.center_crop:
+                settings['center_crop'] = True
+            if settings:
+                robots[robot.robot_id] = settings
         return dataclasses.replace(
             self.engine,
             robots=robots,
