@@ -42,6 +42,15 @@ from vla_sched.model.config.llava import (
 from vla_sched.model.config.openvla import openvla_architecture, openvla_spec_from_dicts
 from vla_sched.model.config.openvla_towers import OpenVLAVisionSpec
 
+# The component files an OpenVLA-OFT training run writes beside the merged model
+# ('<component>--<step>_checkpoint.pt' or '<component>--latest_checkpoint.pt').
+OPENVLA_OFT_COMPONENTS = (
+    'action_head',
+    'proprio_projector',
+    'noisy_action_projector',
+    'vision_backbone',
+)
+
 
 def parse_architecture(
     config: Mapping[str, Any],
@@ -82,6 +91,27 @@ def read_statistics(folder: Path, config: Mapping[str, Any]) -> Mapping[str, Any
     )
 
 
+def refuse_openvla_oft(folder: Path) -> None:
+    """Refuse an OpenVLA-OFT folder: it carries openvla-7b's ``config.json`` and would read
+    as plain OpenVLA, but its checkpoint expects one parallel pass and an action head, not
+    seven decoded tokens.
+
+    Raises:
+        UnsupportedArchitectureError: naming the OFT component files found.
+    """
+    found = sorted(
+        path.name
+        for component in OPENVLA_OFT_COMPONENTS
+        for path in folder.glob(f'{component}--*')
+        if path.is_file()
+    )
+    if found:
+        raise UnsupportedArchitectureError(
+            f'{folder} is an OpenVLA-OFT checkpoint (it holds {", ".join(found)}): '
+            "OpenVLA-OFT's parallel decoding and action head are not served yet"
+        )
+
+
 def read_dataset_choice(folder: str | Path) -> tuple[tuple[str, ...], str | None]:
     """The dataset names a folder holds statistics for, and the ``unnorm_key`` its
     ``vla_config.json`` names (or None), from JSON alone: cheap enough for a node's start-up
@@ -94,6 +124,7 @@ def read_dataset_choice(folder: str | Path) -> tuple[tuple[str, ...], str | None
     folder = Path(folder)
     if not folder.is_dir():
         raise CheckpointError(f'checkpoint folder {folder} does not exist')
+    refuse_openvla_oft(folder)
     config = read_json(folder / CONFIG_FILE)
     if config.get('model_type') not in SUPPORTED_MODEL_TYPES:
         raise UnsupportedArchitectureError(
@@ -113,12 +144,14 @@ def read_checkpoint_spec(folder: str | Path) -> CheckpointSpec:
 
     Raises:
         CheckpointError: for a missing or malformed file.
-        UnsupportedArchitectureError: for a model type this package cannot run.
+        UnsupportedArchitectureError: for a model type this package cannot run, or an
+            OpenVLA-OFT folder (``refuse_openvla_oft``).
         ActionStatisticsError: when the action statistics are missing or malformed.
     """
     folder = Path(folder)
     if not folder.is_dir():
         raise CheckpointError(f'checkpoint folder {folder} does not exist')
+    refuse_openvla_oft(folder)
     config = read_json(folder / CONFIG_FILE)
     vla = read_json(folder / VLA_CONFIG_FILE) if (folder / VLA_CONFIG_FILE).is_file() else {}
     openvla = config.get('model_type') == OPENVLA_MODEL_TYPE
