@@ -73,6 +73,8 @@ class SessionManager:
         self.step_kv = step_kv
         self.idle_timeout_ns = idle_timeout_ns
         self._sessions: dict[str, Session] = {}
+        # No session can be due for reaping before this time (the scheduler asks every pass).
+        self._next_reap_ns: int | None = None
 
     def __contains__(self, robot_id: str) -> bool:
         return robot_id in self._sessions
@@ -193,18 +195,29 @@ class SessionManager:
     def reap_idle(self, *, now_ns: int) -> list[str]:
         """Close sessions with no step in flight, idle for ``idle_timeout_ns`` or more.
 
+        The scheduler asks on every pass, so the sessions are scanned only once the earliest
+        moment one of them can be due has come: a session's ``last_active_ns`` only grows,
+        and one that goes idle later is due no earlier than a timeout from now.
+
         Returns:
             The robot ids whose sessions were closed (none had a step to abort).
         """
         if self.idle_timeout_ns <= 0:
-            return {}
-        idle = [
-            s.robot_id
-            for s in self._sessions.values()
-            if not s.active_rids and now_ns - s.last_active_ns >= self.idle_timeout_ns
-        ]
+            return []
+        if self._next_reap_ns is not None and now_ns < self._next_reap_ns:
+            return []
+        idle, next_due = [], now_ns + self.idle_timeout_ns
+        for s in self._sessions.values():
+            if s.active_rids:
+                continue
+            due = s.last_active_ns + self.idle_timeout_ns
+            if now_ns >= due:
+                idle.append(s.robot_id)
+            else:
+                next_due = min(next_due, due)
         for robot_id in idle:
             self.close(robot_id)
+        self._next_reap_ns = next_due
         return idle
 
     def _unlock(self, session: Session) -> None:
