@@ -98,7 +98,7 @@ def test_a_new_instruction_swaps_the_session_prefix(core):
     (out,) = _drain(core)
     assert isinstance(out, StepResult)
     (session,) = [s for s in core.scheduler.sessions() if s.robot_id == 'r7']
-    prefix = core.prompts.build('open the drawer').token_ids
+    prefix = core.translator.prompts.build('open the drawer').token_ids
     assert session.prefix.token_ids.tolist() == list(prefix[: len(session.prefix.token_ids)])
     assert session.instruction_version == 2
     core.close_session('r7')

@@ -95,10 +95,7 @@ class ScheduledCore:
         self.config = config
         self.translator = StepTranslator.from_checkpoint(folder, config)
         self.spec = self.translator.spec
-        self.prompts = self.translator.prompts
         self.decoder = ActionChunkDecoder.for_checkpoint(self.spec)
-        self.whole_vocab = self.translator.whole_vocab
-        self.model_name = self.translator.model_name
         device, dtype = pick_device_and_dtype(config)
         model = load_checkpoint(folder, device=device, dtype=dtype, spec=self.spec)
         self.memory = KVMemory(kv_memory_config_for(config, self.spec))
@@ -116,7 +113,7 @@ class ScheduledCore:
                                    clock=time.time_ns)  # fmt: skip
         self._info = engine_info(
             self.spec,
-            model_name=self.model_name,
+            model_name=self.translator.model_name,
             max_instruction_bytes=config.max_instruction_bytes,
             random_weights=random_weights,
         )
@@ -181,7 +178,7 @@ class ScheduledCore:
         admitted = times.admitted_ns or received
         first = times.first_token_ns or admitted
         last = times.finished_ns or times.last_token_ns or first
-        actions = self.decoder.decode(req.output_ids, clip_to_bins=self.whole_vocab)
+        actions = self.decoder.decode(req.output_ids, clip_to_bins=self.translator.whole_vocab)
         actions = actions.astype(np.float32)
         return StepResult(
             robot_id=req.robot_id,
