@@ -34,7 +34,6 @@ from geometry_msgs.msg import TwistStamped
 from rclpy.exceptions import ParameterException
 from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
 from rclpy.node import Node
-from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
 from rclpy.signals import SignalHandlerOptions
 from std_msgs.msg import Float64
 from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
@@ -48,6 +47,7 @@ from vla_sched.ros.diagnostics import OK, STALE, WARN, StatusData, to_message
 from vla_sched.ros.node_config import GRIPPER_COLUMN, ConfigError
 from vla_sched.ros.outputs import ee_twist
 from vla_sched.ros.parameters import ParamSpec, check_value, descriptor
+from vla_sched.ros.robot_topics import control_qos
 from vla_sched.ros.shutdown import ShutdownRequest
 from vla_sched.settings import settings_of
 
@@ -55,9 +55,7 @@ NODE_NAME = 'vla_chunk_executor'
 STATUS_SUFFIX = ': chunk executor'
 # Reliable, volatile, the newest message only: what the vla_sched node offers its chunks
 # with (a subscriber needs no lifespan), and what the controllers' topics accept.
-CONTROL_QOS = QoSProfile(
-    depth=1, reliability=ReliabilityPolicy.RELIABLE, durability=DurabilityPolicy.VOLATILE
-)
+CONTROL_QOS = control_qos()
 AGE_KEY = 'newest chunk age (s)'
 
 

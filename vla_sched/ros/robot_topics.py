@@ -46,16 +46,19 @@ LATCHED = QoSProfile(
 )
 
 
-def control_qos(lifespan_s: float) -> QoSProfile:
+def control_qos(lifespan_s: float | None = None) -> QoSProfile:
     """The QoS of the chunks and the arm's commands: the newest one, reliable, volatile,
-    dropped once ``lifespan_s`` old (see the module docstring)."""
-    return QoSProfile(
+    dropped once ``lifespan_s`` old (see the module docstring). Without ``lifespan_s``: a
+    subscriber's or a controller's side, which needs no lifespan to match."""
+    qos = QoSProfile(
         history=HistoryPolicy.KEEP_LAST,
         depth=1,
         reliability=ReliabilityPolicy.RELIABLE,
         durability=DurabilityPolicy.VOLATILE,
-        lifespan=Duration(nanoseconds=round(lifespan_s * 1e9)),
     )
+    if lifespan_s is not None:
+        qos.lifespan = Duration(nanoseconds=round(lifespan_s * 1e9))
+    return qos
 
 
 def quiet_publisher() -> PublisherEventCallbacks:
