@@ -21,6 +21,12 @@ A decode burst is ``k`` decode steps in one batch (SGLang's continuous decode st
 ``extend_lens[i]`` is ``k``, each request's first input id is known and the other ``k - 1``
 are ``FUTURE_TOKEN_ID`` (each the token sampled by the step before), and the runner returns
 each request's ``k`` tokens (``ForwardOutput.burst_token_ids``).
+
+A prefill-only batch (``prefill_only``; OpenVLA-OFT's steps) is one extend pass over each
+request's whole sequence with no cached prefix, attending both ways over it; the runner
+returns each request's action chunk (``ForwardOutput.action_chunks``), samples no token,
+and the scheduler keeps none of the pass's KV. ``proprio`` holds each request's robot state
+for a model that takes it.
 """
 
 from __future__ import annotations
@@ -104,6 +110,8 @@ class ForwardBatch:
     sample: tuple[bool, ...]
     sampling: tuple[SamplingParams, ...]
     images: tuple[tuple[ImageInput, ...], ...]  # per request: images of its prompt
+    prefill_only: bool = False  # one whole-sequence pass per request, action chunks out
+    proprio: tuple[np.ndarray | None, ...] = ()  # per request: float32 state, or () for none
 
     @property
     def batch_size(self) -> int:
@@ -126,6 +134,8 @@ class ForwardBatch:
                 raise ValueError(f'{name} must be int64 [{b}], got {t.dtype} {tuple(t.shape)}')
         if len(self.sample) != b or len(self.sampling) != b or len(self.images) != b:
             raise ValueError('sample, sampling and images need one entry per request')
+        if self.proprio and len(self.proprio) != b:
+            raise ValueError('proprio needs one entry per request (or none at all)')
         extend = self.extend_lens.tolist()
         summed = [p + e for p, e in zip(self.prefix_lens.tolist(), extend, strict=True)]
         if summed != self.seq_lens.tolist():
@@ -139,6 +149,14 @@ class ForwardBatch:
                 raise ValueError('a decode batch extends every request by the same k >= 1 tokens')
             if steps > 1 and _knows_later_ids(self.input_ids.tolist(), steps):
                 raise ValueError('a decode burst knows only its first input id per request')
+        if self.prefill_only and b:
+            if self.forward_mode is not ForwardMode.EXTEND:
+                raise ValueError('a prefill-only batch is an extend pass')
+            if any(self.prefix_lens.tolist()) or not all(self.sample):
+                raise ValueError(
+                    'a prefill-only batch computes every request whole: no cached prefix, '
+                    'every row an output'
+                )
 
     @property
     def num_decode_steps(self) -> int:
@@ -167,10 +185,13 @@ class ForwardOutput:
     ``next_token_ids[i]`` is the sampled token of request ``i``, or -1 where
     ``batch.sample[i]`` was false. For a decode burst of ``k`` steps, ``burst_token_ids[i]``
     holds request ``i``'s ``k`` tokens in order and ``next_token_ids[i]`` the last of them.
+    For a prefill-only batch ``next_token_ids`` are all -1 and ``action_chunks[i]`` holds
+    request ``i``'s actions (float32 ``[horizon, action_dim]``).
     """
 
     next_token_ids: tuple[int, ...]
     burst_token_ids: tuple[tuple[int, ...], ...] | None = None
+    action_chunks: tuple[np.ndarray, ...] | None = None
 
     def tokens_of(self, i: int) -> tuple[int, ...]:
         """Request ``i``'s tokens of this step, in order."""

@@ -7,6 +7,9 @@ position. The next token of a request is a hash of the sum over the slots its
 are a pure function of its token sequence, *if and only if* the scheduler hands the
 runner the right KV slots: a stale, shared-by-mistake or overwritten slot changes the
 tokens. ``reference_tokens`` computes the same outputs without any KV, for comparison.
+A prefill-only batch gets each request's action chunk the same way
+(``action_chunk_from_digest`` of the digest and the robot's state;
+``reference_action_chunk`` without KV).
 
 A cost model gives each step a duration: ``CostModel`` (fixed and per-token costs) or
 ``HardwareCostModel`` (a model's FLOPs and bytes over a device's rates). With a
@@ -21,6 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+import numpy as np
 import torch
 
 from vla_sched.core.decode_burst import burst_steps
@@ -67,6 +71,30 @@ def reference_tokens(
         pos = torch.tensor([key.numel() + len(outputs) - 1])
         digest += int(kv_contribution(torch.tensor([token]), pos).sum())
     return outputs
+
+
+def action_chunk_from_digest(
+    digest: int, proprio: np.ndarray | None, shape: tuple[int, int]
+) -> np.ndarray:
+    """The simulated action chunk (float32 ``shape``, in [-1, 1)) of a sequence whose
+    simulated KV sums to ``digest``, for a robot in state ``proprio``."""
+    seed = digest % (1 << 63)
+    if proprio is not None:
+        seed ^= int.from_bytes(np.ascontiguousarray(proprio, np.float32).tobytes()[:8], 'little')
+    rng = np.random.default_rng(seed)
+    return rng.uniform(-1.0, 1.0, size=shape).astype(np.float32)
+
+
+def reference_action_chunk(
+    prompt_ids: Sequence[int],
+    images: Sequence[ImageInput],
+    proprio: np.ndarray | None,
+    shape: tuple[int, int],
+) -> np.ndarray:
+    """The action chunk the simulated runner returns for this prefill-only request."""
+    key = build_key_tokens(list(prompt_ids), images)
+    digest = int(kv_contribution(key, torch.arange(key.numel())).sum())
+    return action_chunk_from_digest(digest, proprio, shape)
 
 
 @dataclass(frozen=True, slots=True)
@@ -258,6 +286,7 @@ class SimRunner:
             step takes no time.
         clock: the simulated clock to queue steps on; None: results are ready at once.
         keep_batches: keep every launched batch in ``batches`` (tests).
+        action_chunk_shape: ``(horizon, action_dim)`` of a prefill-only batch's chunks.
     """
 
     def __init__(
@@ -268,8 +297,10 @@ class SimRunner:
         cost_model: StepCost | None = None,
         clock: SimClock | None = None,
         keep_batches: bool = False,
+        action_chunk_shape: tuple[int, int] = (8, 7),
     ) -> None:
         self.req_to_token = req_to_token
+        self.action_chunk_shape = action_chunk_shape
         self.kv = torch.zeros(num_kv_slots, dtype=torch.int64)
         self.cost_model = cost_model
         self.clock = clock
@@ -290,6 +321,9 @@ class SimRunner:
         batch.check()
         if self.keep_batches:
             self.batches.append(batch)
+        if batch.prefill_only:
+            output = self._run_prefill_only(batch)
+            return SimResult(output, self._queue(batch), self.clock)
         if batch.num_decode_steps <= 1:
             output = ForwardOutput(self._run_step(batch))
             return SimResult(output, self._queue(batch), self.clock)
@@ -301,6 +335,19 @@ class SimRunner:
         rows = tuple(zip(*tokens, strict=True))
         output = ForwardOutput(next_token_ids=tokens[-1], burst_token_ids=rows)
         return SimResult(output, end_ns, self.clock)
+
+    def _run_prefill_only(self, batch: ForwardBatch) -> ForwardOutput:
+        """Write the pass's KV and give each request its action chunk (no token)."""
+        self._run_step(batch)
+        chunks = []
+        for i in range(batch.batch_size):
+            row = int(batch.req_pool_indices[i])
+            slots = self.req_to_token[row, : int(batch.seq_lens[i])].to(torch.int64)
+            proprio = batch.proprio[i] if batch.proprio else None
+            digest = int(self.kv[slots].sum())
+            chunks.append(action_chunk_from_digest(digest, proprio, self.action_chunk_shape))
+        ids = (-1,) * batch.batch_size
+        return ForwardOutput(next_token_ids=ids, action_chunks=tuple(chunks))
 
     def _run_step(self, batch: ForwardBatch) -> tuple[int, ...]:
         """Write one step's KV and sample its tokens (-1 where not sampling)."""

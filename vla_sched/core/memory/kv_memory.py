@@ -99,17 +99,19 @@ class KVMemory:
 
     # ---- request lifecycle -----------------------------------------------------------
 
-    def match_prefix(self, req: ReqKV) -> MatchResult:
+    def match_prefix(self, req: ReqKV, *, reuse: bool = True) -> MatchResult:
         """Find the cached prefix of ``req`` (at most ``num_tokens - 1``, page-aligned).
 
         One token is always left to compute so the step has logits. Nothing is locked.
+        ``reuse=False`` matches nothing (the tree's root): for a request whose KV cannot
+        be shared because its pass attends both ways (a prefill-only request).
 
         Raises:
             KVMemoryError: the request already holds memory.
         """
         if req.holds_memory:
             raise KVMemoryError(f'request {req.rid!r} holds memory; match before admission')
-        limit = max(req.num_tokens - 1, 0)
+        limit = max(req.num_tokens - 1, 0) if reuse else 0
         result = self.tree.match_prefix(req.key.prefix(limit).page_aligned(self.page_size))
         req.prefix_indices = result.device_indices
         req.last_node = result.last_node

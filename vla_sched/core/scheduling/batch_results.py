@@ -10,6 +10,9 @@ requested.
 A burst's tokens arrive together; their times are spread evenly since the request's last
 token, so the inter-token latency window holds the burst's mean, not ``k - 1`` zeros.
 
+A prefill-only batch's rows take their action chunks and finish; their KV is freed, never
+cached (it was computed attending both ways, so no other sequence may reuse it).
+
 A row is skipped when its request finished meanwhile, or was retracted or preempted after
 the step was launched (its generation changed): under the overlap loop, results arrive one
 step late.
@@ -22,7 +25,7 @@ has already allocated the next decode slot.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from vla_sched.core.scheduling.request import FinishReason
 
@@ -33,7 +36,11 @@ if TYPE_CHECKING:
     from vla_sched.core.scheduling.request import Req
     from vla_sched.core.scheduling.schedule_batch import ScheduleBatch
 
-FinishFn = Callable[['Req', FinishReason], None]
+
+class FinishFn(Protocol):
+    """The scheduler's finish path."""
+
+    def __call__(self, req: Req, reason: FinishReason, *, insert: bool = True) -> None: ...
 
 
 class ResultProcessor:
@@ -72,6 +79,9 @@ class ResultProcessor:
                 f'{len(batch.reqs)} requests'
             )
         now = self.clock()
+        if fb.prefill_only:
+            self._process_prefill_only(batch, output, now)
+            return
         num_prefill_rows = len(batch.reqs) - batch.num_decoding_rows if batch.is_extend else 0
         expected = 1 if batch.is_extend else fb.num_decode_steps
         for i, req in enumerate(batch.reqs):
@@ -95,6 +105,23 @@ class ResultProcessor:
                 self._append(req, token, stamp)
             if req.update_finish_state():
                 self.finish(req, req.finished_reason)
+
+    def _process_prefill_only(self, batch: ScheduleBatch, output: ForwardOutput, now: int) -> None:
+        chunks = output.action_chunks
+        if chunks is None or len(chunks) != len(batch.reqs):
+            have = 'none' if chunks is None else len(chunks)
+            raise RuntimeError(
+                f'a prefill-only step of {len(batch.reqs)} requests returned {have} action chunks'
+            )
+        for i, req in enumerate(batch.reqs):
+            if self._is_stale(batch, i):
+                continue
+            req.action_chunk = chunks[i]
+            req.times.first_token_ns = req.times.last_token_ns = now
+            arrival = req.times.arrival_ns if req.times.arrival_ns is not None else now
+            self.metrics.record_first_token(req.robot_id, now - arrival)
+            if req.update_finish_state():
+                self.finish(req, req.finished_reason, insert=False)
 
     @staticmethod
     def _is_stale(batch: ScheduleBatch, i: int) -> bool:

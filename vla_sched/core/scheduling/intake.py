@@ -11,7 +11,8 @@ Differences from SGLang, on purpose: SGLang clamps ``max_new_tokens`` to that bo
 robot's step needs all of its H*D action tokens, so a step that can never get them is
 aborted instead (``max_new_tokens_unfit``). A priority given while priority scheduling
 is off aborts the request by default (``abort_on_priority_when_disabled``), so a robot
-configured for priority is never silently served without it.
+configured for priority is never silently served without it. A prefill-only request runs
+whole in one pass, so its prompt must fit one chunk (``chunked_prefill_size``).
 """
 
 from __future__ import annotations
@@ -65,6 +66,14 @@ def validate_new_request(
             AbortReason.PROMPT_TOO_LONG,
             f'{req.describe()} has {input_len} prompt tokens; at most '
             f'{limits.max_req_input_len - 1} fit the context and the KV pool',
+        )
+    chunk = config.chunked_prefill_size
+    pass_len = round_up_to_page(input_len, limits.page_size)
+    if req.prefill_only and chunk is not None and pass_len > chunk:
+        return FinishReason.aborted(
+            AbortReason.PROMPT_TOO_LONG,
+            f'{req.describe()} is prefill-only with {input_len} prompt tokens; it runs whole '
+            f'in one pass, and a pass holds at most {chunk} (chunked_prefill_size)',
         )
     bound = limits.max_new_tokens_bound(input_len)
     if req.max_new_tokens > bound:

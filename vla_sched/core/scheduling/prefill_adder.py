@@ -12,8 +12,9 @@ the pass stops counting as evictable)::
 
 A candidate needing ``extend + min(max_new, clip) + P >= rem_total_tokens`` is refused
 (``NO_TOKEN``: the batch is full). One too long for the chunk budget is cut at a page
-boundary and becomes the (single) chunked request, charged without decode headroom. After
-each admission the budget state says whether the next candidate is tried.
+boundary and becomes the (single) chunked request, charged without decode headroom; a
+prefill-only request is never cut and waits for a pass with room instead. After each
+admission the budget state says whether the next candidate is tried.
 
 Differences from SGLang, on purpose:
     * Admission also takes the request's row and prefix lock (``KVMemory.admit``).
@@ -180,7 +181,12 @@ class PrefillAdder:
         try:
             if extend + max_new + self.page_size >= self.rem_total_tokens:
                 return AddReqResult.NO_TOKEN
-            if self.rem_chunk_tokens is None or self._ceil_page(extend) <= self.rem_chunk_tokens:
+            fits_chunk = (
+                self.rem_chunk_tokens is None or self._ceil_page(extend) <= self.rem_chunk_tokens
+            )
+            if not fits_chunk and req.prefill_only:
+                return AddReqResult.OTHER  # never cut: it waits for a pass with room
+            if fits_chunk:
                 req.set_extend_range(prefix_len, req.num_fill_tokens)
                 self._admit(req)
                 self._charge(self._ceil_page(extend), min(req.max_new_tokens, self.clip))

@@ -7,7 +7,9 @@ request slots are spent (then only priority preemption can make room); ask the p
 delayer (once per pass); match its prefix in the tree; offer it to the adder; stop at the
 first refusal -> take the admitted requests out of the queue, re-queue the preempted
 ones, install a new chunked request, allocate the batch's KV. With ``enable_mixed_chunk``
-the running requests decode one token each in the same pass (``_rows_to_mix``).
+the running requests decode one token each in the same pass (``_rows_to_mix``). A pass
+holds either prefill-only requests (matched against nothing, never mixed with decoding
+rows) or token prefills, never both: the first admitted request decides.
 """
 
 from __future__ import annotations
@@ -143,7 +145,9 @@ class PrefillPass:
                 decided = True
                 if not self._prefill_allowed(now):
                     return
-            s.memory.match_prefix(req.kv)
+            if adder.can_run_list and adder.can_run_list[0].prefill_only != req.prefill_only:
+                return  # a pass is either prefill-only or token prefill, never both
+            s.memory.match_prefix(req.kv, reuse=not req.prefill_only)
             result = adder.add_one_req(req)
             admitted = bool(adder.can_run_list) and adder.can_run_list[-1] is req
             if admitted:
@@ -171,7 +175,7 @@ class PrefillPass:
         next pass, where a full pool retracts)."""
         s = self.host
         running = s.running_batch
-        if not s.config.enable_mixed_chunk:
+        if not s.config.enable_mixed_chunk or prefill_reqs[0].prefill_only:
             return []
         running.filter_batch()
         if running.is_empty():

@@ -5,6 +5,12 @@ A ``Req`` holds its tokens (prompt + outputs), what it may generate, who it belo
 counter, retraction, finish) and when things happened. Its KV memory state is a
 ``ReqKV`` held by composition (``req.kv``), owned by ``KVMemory``.
 
+A prefill-only request (``prefill_only``, SGLang's name; OpenVLA-OFT's steps) generates no
+token: one pass over its whole prompt gives its action chunk (``action_chunk``). It is
+never cut into chunks, reuses no cached prefix and leaves none behind (its pass attends
+both ways, so its KV depends on every token of the sequence), never decodes, and belongs
+to no session.
+
 Positions of a request's tokens during one extend pass::
 
     0 ............ extend_start ............ extend_end ......... num_fill_tokens
@@ -18,6 +24,7 @@ import enum
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from vla_sched.core.forward_batch import ImageInput, SamplingParams
@@ -27,7 +34,7 @@ from vla_sched.core.memory.req_kv import ReqKV
 class FinishKind(enum.Enum):
     """How a request ended."""
 
-    LENGTH = 'length'  # produced max_new_tokens
+    LENGTH = 'length'  # produced max_new_tokens (a prefill-only request: its action chunk)
     ABORT = 'abort'  # ended early, see AbortReason
 
 
@@ -107,7 +114,8 @@ class Req:
         rid: request id, unique among live requests.
         origin_input_ids: prompt token ids (image placeholder tokens included).
         sampling: how tokens are drawn.
-        max_new_tokens: tokens to generate (a robot step's H*D action tokens).
+        max_new_tokens: tokens to generate (a robot step's H*D action tokens); 0 for a
+            prefill-only request.
         images: images of the prompt; their content hashes key the radix cache.
         robot_id: the robot this step belongs to; None: no robot rules apply.
         step_seq: the robot's step number (a larger one supersedes a waiting smaller one).
@@ -116,6 +124,10 @@ class Req:
         deadline_ns: the step is useless after this time; None: no deadline.
         stamp_ns: the observation's stamp (reported back, not used to schedule).
         extra_key: radix-cache namespace (model, adapter, embodiment).
+        prefill_only: one pass over the whole prompt gives the output (see the module
+            docstring); needs ``max_new_tokens == 0`` and no session.
+        proprio: the robot's state (float32) for a model that takes it, else None.
+        action_chunk: a prefill-only request's output, set when its pass is processed.
     """
 
     rid: str
@@ -130,6 +142,9 @@ class Req:
     deadline_ns: int | None = None
     stamp_ns: int | None = None
     extra_key: Hashable = None
+    prefill_only: bool = False
+    proprio: np.ndarray | None = None
+    action_chunk: np.ndarray | None = field(init=False, default=None)
     kv: ReqKV = field(init=False)
     output_ids: list[int] = field(init=False, default_factory=list)
     extend_start: int = field(init=False, default=0)
@@ -153,7 +168,13 @@ class Req:
             raise ValueError(f'request {self.rid!r} has an empty prompt')
         if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int):
             raise ValueError(f'request {self.rid!r}: max_new_tokens must be an int')
-        if self.max_new_tokens < 1:
+        if self.prefill_only:
+            if self.max_new_tokens != 0 or self.session_id is not None:
+                raise ValueError(
+                    f'request {self.rid!r} is prefill-only: it generates no token '
+                    f'(max_new_tokens 0, got {self.max_new_tokens}) and continues no session'
+                )
+        elif self.max_new_tokens < 1:
             raise ValueError(
                 f'request {self.rid!r}: max_new_tokens must be >= 1, got {self.max_new_tokens}'
             )
@@ -209,6 +230,9 @@ class Req:
             return True
         if self.to_finish is not None:
             self.finished_reason = self.to_finish
+        elif self.prefill_only:
+            if self.action_chunk is not None:
+                self.finished_reason = FinishReason.length()
         elif len(self.output_ids) >= self.max_new_tokens:
             self.finished_reason = FinishReason.length()
         return self.finished_reason is not None

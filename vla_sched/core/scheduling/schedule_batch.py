@@ -116,7 +116,17 @@ class ScheduleBatch:
         extend_lens += [1] * len(decoding)
         slots = memory.allocate_extend([r.kv for r in self.reqs], extend_lens)
         sample += [True] * len(decoding)
-        return self._build(prefix_lens + positions, extend_lens, input_ids, slots, tuple(sample))
+        prefill_only = bool(self.reqs) and self.reqs[0].prefill_only
+        if any(r.prefill_only != prefill_only for r in self.reqs):
+            raise RuntimeError('a pass mixes prefill-only requests with token prefills')
+        return self._build(
+            prefix_lens + positions,
+            extend_lens,
+            input_ids,
+            slots,
+            tuple(sample),
+            prefill_only=prefill_only,
+        )
 
     def prepare_for_decode(self, memory: KVMemory, *, num_steps: int = 1) -> ForwardBatch:
         """Allocate ``num_steps`` KV slots per row and describe the decode step (a burst of
@@ -142,6 +152,8 @@ class ScheduleBatch:
         input_ids: list[int],
         slots: torch.Tensor,
         sample: tuple[bool, ...],
+        *,
+        prefill_only: bool = False,
     ) -> ForwardBatch:
         prefix = torch.tensor(prefix_lens, dtype=torch.int64)
         extend = torch.tensor(extend_lens, dtype=torch.int64)
@@ -159,6 +171,8 @@ class ScheduleBatch:
             sample=sample,
             sampling=tuple(r.sampling for r in self.reqs),
             images=tuple(r.images for r in self.reqs),
+            prefill_only=prefill_only,
+            proprio=_proprio_of(self.reqs),
         )
         batch.check()
         self.forward_batch = batch
@@ -262,6 +276,13 @@ def _decode_input_id(req: Req, pos: int) -> int:
             f'{req.describe()}: decode at position {pos} with {req.num_fill_tokens} known tokens'
         )
     return req.fill_ids(pos, pos + 1)[0] if pos < req.num_fill_tokens else FUTURE_TOKEN_ID
+
+
+def _proprio_of(reqs: Sequence[Req]) -> tuple:
+    """Each row's robot state, or ``()`` when no row has one."""
+    if all(r.proprio is None for r in reqs):
+        return ()
+    return tuple(r.proprio for r in reqs)
 
 
 def priority_value(req: Req, priority_sign: int) -> int:

@@ -279,6 +279,9 @@ class Scheduler:
             return
         if last.chunked_req is not None:
             exclude.append(last.chunked_req)
+        if last.forward_batch is not None and last.forward_batch.prefill_only:
+            last.reqs = []  # they never decode: their results finish them
+            return
         num_rows = len(last)
         last.filter_batch(exclude=tuple(exclude))
         if len(last) < num_rows:
