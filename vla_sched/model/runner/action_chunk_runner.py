@@ -1,0 +1,276 @@
+"""One parallel pass per OpenVLA-OFT step, batched across robots: action chunks out.
+
+Each request of the batch is a whole OFT sequence (``prompting/oft_prompt.py``) computed
+from position 0 with no cached prefix: the images' patches, the projected state and zeroed
+action slots replace their placeholders' embeddings, the decoder runs with every request's
+span set to its whole sequence (a query sees every position of its own sequence: fully
+bidirectional attention, as the fork of transformers OFT runs with), the L1 head reads the
+final hidden states one position before each action slot, and the actions are
+un-normalized with the selected dataset's bounds (gripper and other unmasked dimensions
+left as the model gives them). The K/V the pass writes go to the slots the caller gave; an
+OFT step keeps none of them afterwards, so the caller frees them once the call returns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from vla_sched.core.forward_batch import ForwardBatch, ForwardMode
+from vla_sched.model.config.openvla_oft import OFT_STOP_TOKEN_ID
+from vla_sched.model.layers.attention import AttentionMetadata
+from vla_sched.model.layers.decoder import KVCache
+from vla_sched.model.layers.transfer import to_device
+from vla_sched.model.layers.vision import FeatureCache, preprocess_image
+from vla_sched.model.loading.oft_model import OFTModel
+from vla_sched.model.prompting.oft_prompt import OFTSequence
+from vla_sched.model.runner.step_inputs import check_batch
+
+
+class ParallelActionRunner:
+    """Runs batches of OFT steps on a paged KV cache and returns their action chunks.
+
+    Args:
+        model: The loaded OFT model.
+        req_to_token: The engine's slot table ``int32 [num_req_slots, max_context_len]``; a
+            request's row lists the slots of its whole sequence before the call.
+        num_kv_slots: KV capacity in tokens (slot ids the caller may hand out).
+        backend: Attention kernel backend (``auto``, ``triton``, ``torch``).
+        kv_caches: Per-layer caches to write into (e.g. shared with another runner);
+            allocated here (``num_kv_slots`` slots) when None.
+        feature_cache_size: Projected image features kept by content hash.
+    """
+
+    def __init__(
+        self,
+        model: OFTModel,
+        *,
+        req_to_token: torch.Tensor,
+        num_kv_slots: int,
+        backend: str = 'auto',
+        kv_caches: list[KVCache] | None = None,
+        feature_cache_size: int = 64,
+    ) -> None:
+        if req_to_token.dim() != 2 or req_to_token.dtype not in (torch.int32, torch.int64):
+            raise ValueError('req_to_token must be an int32 [num_req_slots, max_context_len]')
+        if num_kv_slots < 1:
+            raise ValueError(f'num_kv_slots must be >= 1, got {num_kv_slots}')
+        decoder = model.vla.decoder
+        if kv_caches is None:
+            kv_caches = decoder.allocate_kv_cache(num_kv_slots)
+        elif len(kv_caches) != decoder.spec.num_layers or kv_caches[0][0].shape[0] < num_kv_slots:
+            raise ValueError(
+                f'kv_caches must hold {decoder.spec.num_layers} layers of at least '
+                f'{num_kv_slots} slots'
+            )
+        self.model = model
+        self.device = model.device
+        self.backend = backend
+        self.req_to_token = req_to_token
+        self.num_kv_slots = num_kv_slots
+        self.kv_caches = kv_caches
+        self.feature_cache = FeatureCache(feature_cache_size)
+        self._rope = decoder.rope_tables(req_to_token.shape[1])
+        self._reads_engine_table = (
+            self.device.type == 'cpu'
+            and req_to_token.dtype == torch.int32
+            and req_to_token.is_contiguous()
+        )
+        if not self._reads_engine_table:
+            self._req_to_token_dev = torch.zeros(
+                req_to_token.shape, dtype=torch.int32, device=self.device
+            )
+
+    @property
+    def chunk_shape(self) -> tuple[int, int]:
+        """``(chunk_len, action_dim)`` of one request's result."""
+        return self.model.spec.chunk_len, self.model.spec.action_dim
+
+    def layouts(self, batch: ForwardBatch) -> list[OFTSequence]:
+        """Each request's sequence layout, checked against its ids and images.
+
+        Raises:
+            ValueError: naming the request whose sequence is not an OFT step of this model.
+        """
+        spec = self.model.spec
+        settings = spec.settings
+        if batch.forward_mode is not ForwardMode.EXTEND:
+            raise ValueError('OFT steps run as one extend pass')
+        prefix = batch.prefix_lens.tolist()
+        seq = batch.seq_lens.tolist()
+        starts = np.cumsum(batch.extend_lens.numpy()) - batch.extend_lens.numpy()
+        ids = batch.input_ids
+        appended = spec.base.prompt.append_token_id
+        layouts = []
+        for i, rid in enumerate(batch.rids):
+            if prefix[i]:
+                raise ValueError(f'request {rid}: an OFT step is computed whole (prefix_len 0)')
+            images = batch.images[i]
+            if len(images) != settings.num_images:
+                raise ValueError(
+                    f'request {rid}: {len(images)} images, the OFT settings take '
+                    f'{settings.num_images} (primary camera first)'
+                )
+            try:
+                layout = OFTSequence.from_length(
+                    seq[i],
+                    num_images=settings.num_images,
+                    num_image_tokens=spec.num_image_tokens,
+                    has_proprio=settings.use_proprio,
+                    num_action_tokens=settings.num_action_tokens,
+                )
+            except ValueError as exc:
+                raise ValueError(f'request {rid}: {exc}') from None
+            for c, image in enumerate(images):
+                if (image.token_offset, image.num_tokens) != (
+                    layout.image_offset(c),
+                    layout.num_image_tokens,
+                ):
+                    raise ValueError(
+                        f'request {rid}: image {c} spans [{image.token_offset}, '
+                        f'{image.token_end}), its layout [{layout.image_offset(c)}, '
+                        f'{layout.image_offset(c) + layout.num_image_tokens})'
+                    )
+            start = int(starts[i])
+            if int(ids[start + layout.stop_offset]) != OFT_STOP_TOKEN_ID:
+                raise ValueError(f'request {rid}: the sequence does not end with the stop token')
+            if int(ids[start + layout.head_offset]) != appended:
+                raise ValueError(f'request {rid}: the prompt does not end with {appended}')
+            layouts.append(layout)
+        return layouts
+
+    def forward_actions(
+        self, batch: ForwardBatch, *, states: Sequence[np.ndarray | None]
+    ) -> np.ndarray:
+        """Run one pass over the batch's OFT steps.
+
+        Args:
+            batch: An extend batch of whole OFT sequences (``OFTPromptBuilder``), each with
+                its camera images (primary first) at their spans, on slots of
+                ``req_to_token``.
+            states: Per request, the robot state in robot units (``proprio_dim`` values)
+                when the settings use proprio, else None.
+
+        Returns:
+            float32 ``[B, chunk_len, action_dim]`` actions in robot units.
+
+        Raises:
+            ValueError, IndexError: naming the request whose inputs are wrong.
+        """
+        normalized = self.forward_normalized(batch, states=states)
+        bounds = self.model.spec.selected_action_bounds
+        return bounds.unnormalize(normalized.float().cpu().numpy()).astype(np.float32)
+
+    @torch.inference_mode()
+    def forward_normalized(
+        self, batch: ForwardBatch, *, states: Sequence[np.ndarray | None]
+    ) -> torch.Tensor:
+        """The head's output ``[B, chunk_len, action_dim]`` (model dtype, on the device):
+        the actions before un-normalization. Arguments as ``forward_actions``."""
+        check_batch(
+            batch,
+            req_to_token=self.req_to_token,
+            num_kv_slots=self.num_kv_slots,
+            vocab_size=self.model.spec.base.decoder.vocab_size,
+        )
+        layouts = self.layouts(batch)
+        proprio = self._proprio_tokens(batch, states)
+        decoder = self.model.vla.decoder
+        embeds = decoder.embed(to_device(batch.input_ids, self.device))
+        starts = (torch.cumsum(batch.extend_lens, 0) - batch.extend_lens).tolist()
+        self._place_images(batch, embeds, starts)
+        action_rows, proprio_rows, read_rows = [], [], []
+        for start, layout in zip(starts, layouts, strict=True):
+            first = start + layout.action_offset
+            action_rows.append(torch.arange(first, first + layout.num_action_tokens))
+            read_rows.append(torch.arange(first - 1, first - 1 + layout.num_action_tokens))
+            if layout.has_proprio:
+                proprio_rows.append(start + layout.proprio_offset)
+        embeds[to_device(torch.cat(action_rows), self.device)] = 0.0
+        if proprio is not None:
+            embeds[to_device(torch.tensor(proprio_rows), self.device)] = proprio
+        meta = self._metadata(batch)
+        hidden = decoder(embeds, meta, self.kv_caches, rope=self._rope.at(meta.positions))
+        rows = to_device(torch.stack(read_rows), self.device)  # [B, A*K]
+        return self.model.action_head(hidden[rows])
+
+    def _proprio_tokens(
+        self, batch: ForwardBatch, states: Sequence[np.ndarray | None]
+    ) -> torch.Tensor | None:
+        """``[B, D]`` projected states (None without proprio), states checked per request."""
+        spec = self.model.spec
+        if len(states) != batch.batch_size:
+            raise ValueError(f'states needs one entry per request, got {len(states)}')
+        bounds = spec.selected_proprio_bounds
+        if bounds is None:
+            given = [rid for rid, s in zip(batch.rids, states, strict=True) if s is not None]
+            if given:
+                raise ValueError(f'request {given[0]}: a state was given, the settings use none')
+            return None
+        normalized = []
+        for rid, state in zip(batch.rids, states, strict=True):
+            values = None if state is None else np.asarray(state, dtype=np.float64)
+            if values is None or values.shape != (bounds.dim,) or not np.isfinite(values).all():
+                raise ValueError(
+                    f'request {rid}: the settings need a finite state of {bounds.dim} values, '
+                    f'got {None if values is None else values.shape}'
+                )
+            normalized.append(bounds.normalize(values))
+        model_dtype = self.model.dtype
+        tensor = torch.from_numpy(np.stack(normalized)).to(model_dtype)
+        return self.model.proprio_projector(to_device(tensor, self.device))
+
+    def _place_images(self, batch: ForwardBatch, embeds: torch.Tensor, starts: list[int]) -> None:
+        """Write every image's projected patches over its placeholder rows."""
+        vla = self.model.vla
+        features: dict[int, torch.Tensor] = {}
+        pending: dict[int, torch.Tensor] = {}
+        for rid, images in zip(batch.rids, batch.images, strict=True):
+            for image in images:
+                key = image.content_hash
+                if key in features or key in pending:
+                    continue
+                cached = self.feature_cache.get(key)
+                if cached is not None:
+                    features[key] = cached
+                    continue
+                try:
+                    pending[key] = preprocess_image(
+                        image.pixels, vla.spec.preprocessing, device=self.device
+                    )
+                except ValueError as exc:
+                    raise ValueError(f'request {rid}, image {key}: {exc}') from None
+        if pending:
+            encoded = vla.encode_images(torch.stack(list(pending.values())))
+            for key, rows in zip(pending, encoded, strict=True):
+                features[key] = rows
+                self.feature_cache.put(key, rows)
+        for start, images in zip(starts, batch.images, strict=True):
+            for image in images:
+                row = start + image.token_offset
+                embeds[row : row + image.num_tokens] = features[image.content_hash]
+
+    def _metadata(self, batch: ForwardBatch) -> AttentionMetadata:
+        """Extend metadata with each request's span over its whole sequence."""
+        if self._reads_engine_table:
+            table = self.req_to_token
+        else:
+            rows = batch.req_pool_indices
+            snapshot = self.req_to_token.index_select(0, rows).to(torch.int32)
+            self._req_to_token_dev[to_device(rows, self.device)] = to_device(snapshot, self.device)
+            table = self._req_to_token_dev
+        spans = torch.stack([torch.zeros_like(batch.seq_lens), batch.seq_lens], dim=1)
+        return AttentionMetadata.build(
+            is_decode=False,
+            req_to_token=table,
+            req_pool_indices=batch.req_pool_indices,
+            prefix_lens=batch.prefix_lens,
+            extend_lens=batch.extend_lens,
+            out_cache_loc=batch.out_cache_loc,
+            device=self.device,
+            backend=self.backend,
+            image_spans=spans,
+            check_values=False,  # check_batch checked every slot, row and length
+        )
