@@ -149,7 +149,9 @@ def test_padded_vision_path_equals_the_eager_encoder_and_keeps_cached_features(
         torch.testing.assert_close(padded, plain, rtol=1e-5, atol=1e-5)
 
 
-def test_more_new_images_than_the_largest_vision_size_run_eagerly(tiny_model, prompt_builder):
+def test_more_new_images_than_the_largest_vision_size_run_in_several_padded_passes(
+    tiny_model, prompt_builder
+):
     group = [prompt(prompt_builder, t, s) for t, s in (('a', 31), ('b', 32), ('c', 33))]
     steps = [Step(str(i), i, ids, 0, len(ids), (span,)) for i, (ids, span) in enumerate(group)]
     outputs = []
@@ -157,7 +159,11 @@ def test_more_new_images_than_the_largest_vision_size_run_eagerly(tiny_model, pr
         slots = PagedSlots(seed=9)
         runner = new_runner(tiny_model, slots, **config)
         outputs.append(runner.forward_logits(make_batch(slots, steps)))
+        vision = runner.padding_stats()['vision']
     torch.testing.assert_close(outputs[1], outputs[0], rtol=1e-5, atol=1e-5)
+    # 3 images: a pass of 2, then 1 padded to 2; none eagerly
+    assert (vision.num_padded_runs, vision.num_real, vision.num_padding) == (2, 3, 1)
+    assert vision.num_eager_runs == 0
 
 
 def test_a_decode_burst_samples_what_single_decode_steps_sample(tiny_model, prompt_builder):
@@ -249,17 +255,6 @@ def test_padded_prefill_path_equals_the_eager_prefill_and_keeps_real_kv(
         # Other shapes, so equal up to float32 rounding; a padding token writing a real
         # slot, or a padding request attending, would change them entirely.
         torch.testing.assert_close(padded, plain, rtol=1e-5, atol=1e-5)
-
-
-def test_a_prefill_past_the_largest_padded_count_runs_eagerly(tiny_model, prompt_builder):
-    ids, span = prompt(prompt_builder, 'go', 54)
-    outputs = []
-    for config in ({}, {'padded_prefill': True, 'prefill_token_counts': (8,)}):
-        slots = PagedSlots(seed=12)
-        runner = new_runner(tiny_model, slots, **config)
-        step = Step('r', 0, ids, 0, len(ids), (span,))
-        outputs.append(runner.forward_logits(make_batch(slots, [step])))
-    torch.testing.assert_close(outputs[1], outputs[0], rtol=1e-5, atol=1e-5)
 
 
 def test_triton_kernels_under_the_interpreter_match_the_torch_path(tiny_model, prompt_builder):

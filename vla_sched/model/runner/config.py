@@ -21,13 +21,15 @@ class RunnerConfig:
         padded_decode: Run decode through the padded persistent-buffer path even without
             graphs (on by itself whenever ``cuda_graphs`` is).
         vision_batch_sizes: Padded image counts of the vision encoder's persistent-buffer
-            path; more new images in one step run eagerly.
+            path; more new images in one step run on it in several passes.
         padded_vision: Run the vision encoder through that path even without graphs (on by
             itself whenever ``cuda_graphs`` is).
         prefill_token_counts: Padded token counts of the prefill persistent-buffer path;
-            longer prefills (and prefills of more than ``prefill_max_requests`` requests, or
-            with bidirectional image spans) run eagerly.
-        prefill_max_requests: Most requests of a prefill on that path.
+            a prefill of more tokens (or of more than ``prefill_max_requests`` requests)
+            runs on it in pieces; only prefills with bidirectional image spans run eagerly.
+            Mixed passes and decode steps the decode path does not take run on it too.
+        prefill_max_requests: Most requests of one piece on that path (32: a mixed pass
+            beside as many running requests as the decode path takes stays one piece).
         padded_prefill: Run prefills through that path even without graphs (on by itself
             whenever ``cuda_graphs`` is).
         max_kv_splits: Split bound of the Triton decode kernel.
@@ -46,7 +48,7 @@ class RunnerConfig:
         *range(640, 1025, 128),
         *range(1280, 2049, 256),
     )
-    prefill_max_requests: int = 16
+    prefill_max_requests: int = 32
     padded_prefill: bool = False
     max_kv_splits: int = 8
 

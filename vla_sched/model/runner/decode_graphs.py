@@ -17,6 +17,7 @@ from vla_sched.model.layers.attention import AttentionMetadata, DecodeScratch
 from vla_sched.model.layers.decoder import KVCache
 from vla_sched.model.loading.vla_model import VLAModel
 from vla_sched.model.runner.graph_runner import GraphRunner
+from vla_sched.model.runner.padding_stats import PaddingCounter
 
 
 class DecodeGraphs(GraphRunner):
@@ -34,6 +35,7 @@ class DecodeGraphs(GraphRunner):
             buffers (required for capture).
         max_kv_splits: Split bound of the Triton decode kernel.
         backend: Kernel backend for the eager path.
+        padding: Where the steps' real and padding rows are counted.
     """
 
     def __init__(
@@ -49,6 +51,7 @@ class DecodeGraphs(GraphRunner):
         use_triton: bool,
         max_kv_splits: int = 8,
         backend: str = 'auto',
+        padding: PaddingCounter | None = None,
     ) -> None:
         super().__init__(
             sizes=batch_sizes,
@@ -56,6 +59,7 @@ class DecodeGraphs(GraphRunner):
             capture=capture,
             name='decode',
             sizes_name='batch sizes',
+            padding=padding,
         )
         if capture and not use_triton:
             raise ValueError('CUDA graph capture needs the Triton decode path')
@@ -99,7 +103,7 @@ class DecodeGraphs(GraphRunner):
         self.req_pool_indices[batch_size:size].fill_(self.dummy_row)
         self.seq_lens[batch_size:size].fill_(1)
         self.out_cache_loc[batch_size:size].copy_(self.pad_slots[batch_size:size])
-        return self.run_padded(size)[:batch_size]
+        return self.run_padded(size, num_real=batch_size)[:batch_size]
 
     def _allocate_scratch(self, size: int) -> DecodeScratch | None:
         if not self.use_triton:

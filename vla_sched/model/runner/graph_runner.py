@@ -15,6 +15,8 @@ from collections.abc import Sequence
 
 import torch
 
+from vla_sched.model.runner.padding_stats import PaddingCounter
+
 logger = logging.getLogger(__name__)
 
 
@@ -24,7 +26,7 @@ class GraphRunner(ABC):
     A subclass allocates its persistent buffers, then calls :meth:`capture_all` when asked
     to capture. Per batch it copies the inputs into its buffers (padding them up to
     :meth:`padded_size`), takes :meth:`run_padded` and keeps the batch's rows. It implements
-    :meth:`_forward`, which reads only the buffers.
+    :meth:`_forward`, which reads only the buffers. Every run is counted in ``padding``.
 
     Args:
         sizes: Padded sizes to prepare (batch sizes or token counts).
@@ -32,6 +34,7 @@ class GraphRunner(ABC):
         capture: Whether the subclass captures graphs (checked here, before any buffer).
         name: What runs, for errors and logs ('decode', 'prefill', 'vision encoder').
         sizes_name: What a size counts, for errors and logs ('batch sizes', 'token counts').
+        padding: Where the runs' real and padding units are counted (a new counter if None).
     """
 
     def __init__(
@@ -42,6 +45,7 @@ class GraphRunner(ABC):
         capture: bool,
         name: str,
         sizes_name: str,
+        padding: PaddingCounter | None = None,
     ) -> None:
         if not sizes or min(sizes) < 1:
             raise ValueError(f'{sizes_name} must be positive, got {sizes}')
@@ -52,6 +56,7 @@ class GraphRunner(ABC):
         self.device = device
         self.name = name
         self.sizes_name = sizes_name
+        self.padding = padding if padding is not None else PaddingCounter()
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self._outputs: dict[int, torch.Tensor] = {}
 
@@ -66,10 +71,11 @@ class GraphRunner(ABC):
                 return size
         return None
 
-    def run_padded(self, size: int) -> torch.Tensor:
-        """The forward's output at a prepared ``size``, its inputs already in the buffers:
-        the graph's replay when captured (a buffer the next replay overwrites), else an
-        eager run of the same padded forward."""
+    def run_padded(self, size: int, *, num_real: int) -> torch.Tensor:
+        """The forward's output at a prepared ``size``, its inputs (``num_real`` real units,
+        then padding) already in the buffers: the graph's replay when captured (a buffer the
+        next replay overwrites), else an eager run of the same padded forward."""
+        self.padding.add_padded(num_real=num_real, size=size)
         graph = self._graphs.get(size)
         if graph is None:
             return self._forward(size)

@@ -35,6 +35,7 @@ from vla_sched.model.layers.vision import FeatureCache, preprocess_image
 from vla_sched.model.loading.vla_model import VLAModel
 from vla_sched.model.runner.config import RunnerConfig
 from vla_sched.model.runner.padded_paths import PaddingSlots, build_padded_paths
+from vla_sched.model.runner.padding_stats import PATH_UNITS, PaddingCounter, PaddingStats
 from vla_sched.model.runner.step_inputs import (
     ImageRows,
     check_batch,
@@ -113,6 +114,7 @@ class ModelRunner:
         )
         self._last_tokens = torch.zeros(num_rows, dtype=torch.int64, device=self.device)
         self.feature_cache = FeatureCache(config.feature_cache_size)
+        self._padding = {path: PaddingCounter() for path in PATH_UNITS}
         paths = build_padded_paths(
             model,
             config,
@@ -120,6 +122,7 @@ class ModelRunner:
             self._req_to_token_dev,
             dummy_row=num_rows,
             slots=slots,
+            counters=self._padding,
         )
         self.decode_graphs = paths.decode
         self.prefill_graphs = paths.prefill
@@ -138,6 +141,12 @@ class ModelRunner:
     @property
     def vocab_size(self) -> int:
         return self.model.spec.decoder.vocab_size
+
+    def padding_stats(self) -> dict[str, PaddingStats]:
+        """What each path ran since the runner was built: ``'decode'`` (in request rows),
+        ``'prefill'`` (tokens) and ``'vision'`` (images); see ``padding_stats``. A decode
+        step too large for the decode path runs on the prefill path and counts there."""
+        return {path: counter.snapshot() for path, counter in self._padding.items()}
 
     def launch(self, batch: ForwardBatch) -> LaunchedStep:
         """Run one step and sample each request's next token (``-1`` where not sampling)."""
@@ -223,10 +232,11 @@ class ModelRunner:
             batch, image_token_id=spec.image_token_id, num_image_tokens=spec.num_image_tokens
         )
         input_ids = self._resolve_input_ids(batch, pool_rows_dev)
+        is_decode = batch.forward_mode is ForwardMode.DECODE
         graphs = self.decode_graphs
         use_graphs = (
             rows is not None
-            and batch.forward_mode is ForwardMode.DECODE
+            and is_decode
             and graphs is not None
             and graphs.padded_size(batch.batch_size) is not None
         )
@@ -242,14 +252,11 @@ class ModelRunner:
             )
             return logits[to_device(sample_rows, self.device)]
         embeds = self._embed(input_ids, images)
+        # Every other step runs on the padded prefill path, in pieces when it is large: a
+        # prefill, a mixed pass (its running requests' rows extend by one token each) and a
+        # decode step the decode path does not take, whose rows are one-token extends too.
         prefill = self.prefill_graphs
-        use_prefill_graphs = (
-            batch.forward_mode is ForwardMode.EXTEND
-            and prefill is not None
-            and not self.config.bidirectional_image_spans
-            and prefill.padded_size(batch.num_tokens, batch.batch_size) is not None
-        )
-        if use_prefill_graphs:
+        if prefill is not None and not self.config.bidirectional_image_spans:
             hidden = prefill.run(
                 embeds=embeds,
                 out_cache_loc=batch.out_cache_loc,
@@ -258,6 +265,9 @@ class ModelRunner:
                 extend_lens=batch.extend_lens,
             )
         else:
+            self._padding['decode' if is_decode else 'prefill'].add_eager(
+                batch.batch_size if is_decode else batch.num_tokens
+            )
             meta = self._metadata(batch)
             rope = self._rope.at(meta.positions)
             hidden = self.model.decoder(embeds, meta, self.kv_caches, rope=rope)
@@ -338,7 +348,7 @@ class ModelRunner:
         return features
 
     def _encode(self, pixels: torch.Tensor) -> torch.Tensor:
-        graphs = self.vision_graphs
-        if graphs is not None and graphs.padded_size(pixels.shape[0]) is not None:
-            return graphs.encode(pixels)
+        if self.vision_graphs is not None:
+            return self.vision_graphs.encode(pixels)
+        self._padding['vision'].add_eager(int(pixels.shape[0]))
         return self.model.encode_images(pixels)

@@ -8,7 +8,7 @@ their own, reserved past the engine's.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -19,6 +19,7 @@ from vla_sched.model.loading.vla_model import VLAModel
 from vla_sched.model.runner.config import RunnerConfig
 from vla_sched.model.runner.decode_graphs import DecodeGraphs
 from vla_sched.model.runner.graph_runner import GraphRunner
+from vla_sched.model.runner.padding_stats import PaddingCounter
 from vla_sched.model.runner.prefill_graphs import PrefillGraphs, max_padding
 from vla_sched.model.runner.vision_graphs import VisionGraphs
 
@@ -78,6 +79,7 @@ def build_padded_paths(
     *,
     dummy_row: int,
     slots: PaddingSlots,
+    counters: Mapping[str, PaddingCounter],
 ) -> PaddedPaths:
     """Builds (and with ``cuda_graphs`` captures) the paths the config turns on.
 
@@ -88,6 +90,7 @@ def build_padded_paths(
         req_to_token: The runner's device slot table; row ``dummy_row`` is reserved.
         dummy_row: The reserved slot-table row of padding requests.
         slots: The reserved KV slots.
+        counters: Where each path ('decode', 'prefill', 'vision') counts its runs.
     """
     decode = None
     if decode_padded(config):
@@ -102,6 +105,7 @@ def build_padded_paths(
             use_triton=config.cuda_graphs or config.backend == 'triton',
             max_kv_splits=config.max_kv_splits,
             backend=config.backend,
+            padding=counters['decode'],
         )
     prefill = None
     if prefill_padded(config):
@@ -117,13 +121,17 @@ def build_padded_paths(
                 first_pad_slot=slots.first_prefill_slot,
                 capture=capture,
                 backend=config.backend,
+                padding=counters['prefill'],
             )
 
         prefill = _captured_or_eager(config, build_prefill, 'prefill')
-    return PaddedPaths(decode=decode, prefill=prefill, vision=_vision_path(model, config))
+    vision = _vision_path(model, config, counters['vision'])
+    return PaddedPaths(decode=decode, prefill=prefill, vision=vision)
 
 
-def _vision_path(model: VLAModel, config: RunnerConfig) -> VisionGraphs | None:
+def _vision_path(
+    model: VLAModel, config: RunnerConfig, padding: PaddingCounter
+) -> VisionGraphs | None:
     vision = model.vision
     if vision is None or not (config.cuda_graphs or config.padded_vision):
         return None
@@ -138,6 +146,7 @@ def _vision_path(model: VLAModel, config: RunnerConfig) -> VisionGraphs | None:
             device=model.device,
             output_dtype=model.dtype,
             capture=capture,
+            padding=padding,
         )
 
     return _captured_or_eager(config, build, 'vision encoder')

@@ -10,6 +10,13 @@ its own, in the reserved slot-table row) and unused request rows extend by nothi
 attention kernel skips them), so every shape is fixed per token count. Padding never
 reaches a real request: attention reads only each request's own tokens and its cached
 prefix.
+
+A prefill of more tokens or requests than the largest prepared size runs as pieces back to
+back (``prefill_pieces``: full pieces of the largest size, then the rest at its padded
+size), so no prefill falls back to an eager pass. Pieces of the largest size already run
+the matrix products at their compute-bound rate; larger sizes would only grow the graphs'
+shared memory pool and the attention grid. A mixed pass (a prefill with one-token rows of
+running requests on their cached prefix) is a prefill like any other here.
 """
 
 from __future__ import annotations
@@ -22,6 +29,8 @@ from vla_sched.model.layers.attention import AttentionMetadata, extend_positions
 from vla_sched.model.layers.decoder import KVCache, PagedDecoder
 from vla_sched.model.layers.transfer import to_device
 from vla_sched.model.runner.graph_runner import GraphRunner
+from vla_sched.model.runner.padding_stats import PaddingCounter
+from vla_sched.model.runner.prefill_pieces import PrefillPiece, split_prefill
 
 
 class PrefillGraphs(GraphRunner):
@@ -38,6 +47,7 @@ class PrefillGraphs(GraphRunner):
             tokens write.
         capture: Capture CUDA graphs (needs a CUDA device and the Triton kernels).
         backend: Kernel backend.
+        padding: Where the pieces' real and padding tokens are counted.
     """
 
     def __init__(
@@ -52,6 +62,7 @@ class PrefillGraphs(GraphRunner):
         first_pad_slot: int,
         capture: bool,
         backend: str = 'auto',
+        padding: PaddingCounter | None = None,
     ) -> None:
         super().__init__(
             sizes=token_counts,
@@ -59,6 +70,7 @@ class PrefillGraphs(GraphRunner):
             capture=capture,
             name='prefill',
             sizes_name='token counts',
+            padding=padding,
         )
         if max_requests < 1:
             raise ValueError(f'max_requests must be >= 1, got {max_requests}')
@@ -84,7 +96,8 @@ class PrefillGraphs(GraphRunner):
             self.capture_all()
 
     def padded_size(self, num_tokens: int, num_requests: int = 1) -> int | None:
-        """The prepared token count a prefill runs at, or None if it does not fit."""
+        """The prepared token count a prefill runs at in one piece, or None if it needs
+        several."""
         if num_requests > self.max_requests:
             return None
         return super().padded_size(num_tokens)
@@ -98,31 +111,55 @@ class PrefillGraphs(GraphRunner):
         prefix_lens: torch.Tensor,
         extend_lens: torch.Tensor,
     ) -> torch.Tensor:
-        """The final-normed hidden ``[T, hidden]`` of a prefill; ``embeds`` on the device,
-        the other tensors int64 on the host (``extend_lens`` sums to ``T``).
+        """The final-normed hidden ``[T, hidden]`` of a prefill of any size; ``embeds`` on
+        the device, the other tensors int64 on the host (``extend_lens`` sums to ``T``).
 
-        The result is a view of a buffer the next ``run`` overwrites.
-
-        Raises:
-            ValueError: for a prefill that fits no prepared size.
+        A prefill that fits one prepared size returns a view of a buffer the next ``run``
+        overwrites; one cut into pieces returns a new tensor.
         """
-        num_tokens, num_reqs = int(embeds.shape[0]), int(extend_lens.shape[0])
+        pieces = split_prefill(
+            prefix_lens.tolist(),
+            extend_lens.tolist(),
+            max_tokens=self.max_size,
+            max_requests=self.max_requests,
+        )
+        if len(pieces) == 1 and len(pieces[0].rows) == int(extend_lens.shape[0]):
+            return self._run_piece(embeds, out_cache_loc, req_pool_indices, pieces[0])
+        hidden = None
+        for piece in pieces:
+            piece_hidden = self._run_piece(embeds, out_cache_loc, req_pool_indices, piece)
+            if hidden is None:
+                hidden = piece_hidden.new_empty((int(embeds.shape[0]), piece_hidden.shape[1]))
+            hidden[piece.token_start : piece.token_end].copy_(piece_hidden)
+        if hidden is None:  # no new tokens at all
+            return self.embeds[:0]
+        return hidden
+
+    def _run_piece(
+        self,
+        embeds: torch.Tensor,
+        out_cache_loc: torch.Tensor,
+        req_pool_indices: torch.Tensor,
+        piece: PrefillPiece,
+    ) -> torch.Tensor:
+        """One piece's hidden ``[piece.num_tokens, hidden]``, a view of the padded output."""
+        num_tokens, num_reqs = piece.num_tokens, len(piece.rows)
         size = self.padded_size(num_tokens, num_reqs)
-        if size is None:
-            raise ValueError(
-                f'a prefill of {num_tokens} tokens for {num_reqs} requests exceeds the '
-                f'prepared {self.max_size} tokens or {self.max_requests} requests'
-            )
-        positions, starts = extend_positions(prefix_lens, extend_lens)
+        assert size is not None  # split_prefill keeps a piece within the prepared limits
+        index = {'dtype': torch.int64}
+        prefix_lens = torch.tensor(piece.prefix_lens, **index)
+        extend_lens = torch.tensor(piece.extend_lens, **index)
+        tokens = slice(piece.token_start, piece.token_end)
+        positions, starts = extend_positions(prefix_lens, extend_lens, num_tokens=num_tokens)
         device = self.embeds.device
-        self.embeds[:num_tokens].copy_(embeds)
+        self.embeds[:num_tokens].copy_(embeds[tokens])
         self.embeds[num_tokens:size].zero_()
         self.positions[:num_tokens].copy_(to_device(positions, device))
         self.positions[num_tokens:size].zero_()
-        self.out_cache_loc[:num_tokens].copy_(to_device(out_cache_loc, device))
+        self.out_cache_loc[:num_tokens].copy_(to_device(out_cache_loc[tokens], device))
         self.out_cache_loc[num_tokens:size].copy_(self.pad_slots[: size - num_tokens])
         per_request = (
-            (self.req_pool_indices, req_pool_indices, self.dummy_row),
+            (self.req_pool_indices, req_pool_indices[list(piece.rows)], self.dummy_row),
             (self.prefix_lens, prefix_lens, 0),
             (self.extend_lens, extend_lens, 0),
             (self.extend_start_loc, starts, num_tokens),
@@ -133,7 +170,7 @@ class PrefillGraphs(GraphRunner):
             buffer[num_reqs:].fill_(unused)
         self.extend_lens[-1] = size - num_tokens  # the padding request, after the unused rows
         self.seq_lens[-1] = size - num_tokens
-        return self.run_padded(size)[:num_tokens]
+        return self.run_padded(size, num_real=num_tokens)[:num_tokens]
 
     def _forward(self, size: int) -> torch.Tensor:
         meta = AttentionMetadata(
