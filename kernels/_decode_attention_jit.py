@@ -20,6 +20,8 @@ import torch
 import triton
 import triton.language as tl
 
+from vla_sched.kernels.attention_configs import DecodeConfig
+
 LOG2E = 1.4426950408889634  # scores are kept in base 2 so the kernels can use exp2
 
 
@@ -179,18 +181,6 @@ def _decode_stage2_kernel(
     tl.store(out_ptr + out_offs + offs_dv, result.to(out_ptr.dtype.element_ty), mask=mask_dv)
 
 
-def _tile_sizes(device: torch.device, dtype: torch.dtype) -> tuple[int, int, int]:
-    """(BLOCK_N, SPLIT_ALIGN, num_warps) of stage 1. On a GPU, fp32 (exact dots) gets
-    narrower tiles and more warps so that it does not spill registers (checked with ptxas
-    for sm_90). Under the CPU interpreter the tiles are small so that the tests' short
-    sequences still cross several tiles and splits."""
-    if device.type != 'cuda':
-        return 8, 8, 4
-    if dtype == torch.float32:
-        return 32, 64, 8
-    return 64, 64, 4
-
-
 def launch_decode_attention(
     *,
     q: torch.Tensor,
@@ -204,21 +194,15 @@ def launch_decode_attention(
     attn_lse: torch.Tensor,
     num_kv_splits: torch.Tensor,
     sm_scale: float,
-    heads_per_program: int,
-    tile_sizes: tuple[int, int, int] | None = None,
+    config: DecodeConfig,
 ) -> None:
-    """Launches stage 1 and stage 2; every argument was validated by the caller.
-
-    ``tile_sizes`` overrides (BLOCK_N, SPLIT_ALIGN, num_warps); by default they follow the
-    device and dtype.
-    """
+    """Launches stage 1 with ``config`` and stage 2; every argument was validated by the
+    caller."""
     batch_size, num_q_heads, head_dim = q.shape
     num_kv_heads, v_head_dim = v_cache.shape[1], v_cache.shape[2]
     group = num_q_heads // num_kv_heads
     max_kv_splits = attn_logits.shape[2]
-    block_h = heads_per_program
-    num_head_blocks = triton.cdiv(group, block_h)
-    block_n, split_align, num_warps = tile_sizes or _tile_sizes(q.device, q.dtype)
+    num_head_blocks = triton.cdiv(group, config.block_h)
     block_dv = triton.next_power_of_2(v_head_dim)
     dot_fp32 = q.dtype == torch.float32 or q.device.type != 'cuda'
     _decode_stage1_kernel[(batch_size, num_kv_heads * num_head_blocks, max_kv_splits)](
@@ -242,14 +226,14 @@ def launch_decode_attention(
         HEAD_DIM=head_dim,
         V_HEAD_DIM=v_head_dim,
         MAX_KV_SPLITS=max_kv_splits,
-        SPLIT_ALIGN=split_align,
-        BLOCK_H=block_h,
-        BLOCK_N=block_n,
+        SPLIT_ALIGN=config.split_align,
+        BLOCK_H=config.block_h,
+        BLOCK_N=config.block_n,
         BLOCK_D=triton.next_power_of_2(head_dim),
         BLOCK_DV=block_dv,
         DOT_FP32=dot_fp32,
-        num_warps=num_warps,
-        num_stages=2,
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
     )
     _decode_stage2_kernel[(batch_size, num_q_heads)](
         attn_logits,
@@ -262,7 +246,7 @@ def launch_decode_attention(
         NUM_Q_HEADS=num_q_heads,
         V_HEAD_DIM=v_head_dim,
         MAX_KV_SPLITS=max_kv_splits,
-        SPLIT_ALIGN=split_align,
+        SPLIT_ALIGN=config.split_align,
         BLOCK_DV=block_dv,
         num_warps=4,
         num_stages=2,

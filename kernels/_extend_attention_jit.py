@@ -4,11 +4,15 @@ Imported on the first launch, not with the package, so that the 'torch' backend 
 without Triton and ``TRITON_INTERPRET`` only has to be set before the first launch.
 Inputs are validated by the public launcher; this module only launches.
 
-One program per (request, query head, block of BLOCK_M new tokens). Stage 1 streams the
-request's cached prefix through the slot table (every prefix key is visible); stage 2
-streams the request's new K/V from the contiguous ``k``/``v`` up to the last key any row of
-the block may see (causal end, or the image span's end when the block overlaps the span).
-Both stages feed one online softmax kept in base 2.
+One program per (block of new tokens, group of query heads, request). Its BLOCK_M rows are
+HEADS_PER_PROGRAM query heads of one KV head (the whole GQA group, or one head) times
+BLOCK_M // HEADS_PER_PROGRAM tokens, token-major, so a packed program streams its KV head's
+prefix once for the whole group. The grid's fastest axis is the token block and the next
+the head group, so the programs that read one request's KV head run side by side and share
+its tiles in L2. Stage 1 streams the request's cached prefix through the slot table (every
+prefix key is visible); stage 2 streams the request's new K/V from the contiguous
+``k``/``v`` up to the last key any row of the block may see (causal end, or the image span's
+end when the block overlaps the span). Both stages feed one online softmax kept in base 2.
 """
 
 # Triton spells compile-time constants in upper case, and a constexpr branch is clearer as
@@ -20,6 +24,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+from vla_sched.kernels.attention_configs import ExtendConfig
 
 LOG2E = 1.4426950408889634
 
@@ -76,33 +82,39 @@ def _extend_kernel(
     stride_req_row,
     NUM_KV_HEADS: tl.constexpr,
     GROUP: tl.constexpr,  # query heads per KV head
+    HEADS_PER_PROGRAM: tl.constexpr,  # GROUP (packed) or 1
     HEAD_DIM: tl.constexpr,
     V_HEAD_DIM: tl.constexpr,
-    BLOCK_M: tl.constexpr,
+    BLOCK_M: tl.constexpr,  # rows: HEADS_PER_PROGRAM heads x TOKENS tokens, token-major
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_DV: tl.constexpr,
     HAS_IMAGE_SPANS: tl.constexpr,
     DOT_FP32: tl.constexpr,
 ):
-    batch = tl.program_id(0)
-    head = tl.program_id(1)
-    block_m = tl.program_id(2)
+    TOKENS: tl.constexpr = BLOCK_M // HEADS_PER_PROGRAM
+    block_m = tl.program_id(0)
+    head_group = tl.program_id(1)
+    batch = tl.program_id(2)
     extend_len = tl.load(extend_lens_ptr + batch).to(tl.int32)
-    if block_m * BLOCK_M < extend_len:
-        kv_head = head // GROUP
+    if block_m * TOKENS < extend_len:
+        kv_head = head_group * HEADS_PER_PROGRAM // GROUP
         prefix_len = tl.load(prefix_lens_ptr + batch).to(tl.int32)
         first_token = tl.load(extend_start_loc_ptr + batch).to(tl.int64)
-        offs_m = block_m * BLOCK_M + tl.arange(0, BLOCK_M)  # relative to the extend start
-        mask_m = offs_m < extend_len
+        rows = tl.arange(0, BLOCK_M)
+        # Each row's token (relative to the extend start) and query head.
+        offs_m = block_m * TOKENS + rows // HEADS_PER_PROGRAM
+        heads_m = head_group * HEADS_PER_PROGRAM + rows % HEADS_PER_PROGRAM
+        mask_m = (offs_m < extend_len) & (rows < TOKENS * HEADS_PER_PROGRAM)
         offs_d = tl.arange(0, BLOCK_D)
         mask_d = offs_d < HEAD_DIM
         offs_dv = tl.arange(0, BLOCK_DV)
         mask_dv = offs_dv < V_HEAD_DIM
         tokens_m = first_token + offs_m
 
+        q_rows = tokens_m * stride_q_token + heads_m * stride_q_head
         q = tl.load(
-            q_ptr + tokens_m[:, None] * stride_q_token + head * stride_q_head + offs_d[None, :],
+            q_ptr + q_rows[:, None] + offs_d[None, :],
             mask=mask_m[:, None] & mask_d[None, :],
             other=0.0,
         )
@@ -138,11 +150,11 @@ def _extend_kernel(
             m_i, l_i, acc = _online_softmax_step(qk, v, m_i, l_i, acc, DOT_FP32)
 
         # Stage 2: the new tokens, causal (and bidirectional inside the image span).
-        kv_end = tl.minimum((block_m + 1) * BLOCK_M, extend_len)
+        kv_end = tl.minimum((block_m + 1) * TOKENS, extend_len)
         if HAS_IMAGE_SPANS:
             span_start = tl.load(image_spans_ptr + batch * 2).to(tl.int32) - prefix_len
             span_end = tl.load(image_spans_ptr + batch * 2 + 1).to(tl.int32) - prefix_len
-            overlaps = (block_m * BLOCK_M < span_end) & (span_start < kv_end)
+            overlaps = (block_m * TOKENS < span_end) & (span_start < kv_end)
             overlaps = overlaps & (span_start < span_end)
             kv_end = tl.where(
                 overlaps, tl.maximum(kv_end, tl.minimum(span_end, extend_len)), kv_end
@@ -178,24 +190,12 @@ def _extend_kernel(
             m_i, l_i, acc = _online_softmax_step(qk, v, m_i, l_i, acc, DOT_FP32)
 
         result = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
-        out_offs = tokens_m[:, None] * stride_out_token + head * stride_out_head
+        out_rows = tokens_m * stride_out_token + heads_m * stride_out_head
         tl.store(
-            out_ptr + out_offs + offs_dv[None, :],
+            out_ptr + out_rows[:, None] + offs_dv[None, :],
             result.to(out_ptr.dtype.element_ty),
             mask=mask_m[:, None] & mask_dv[None, :],
         )
-
-
-def _block_sizes(device: torch.device, dtype: torch.dtype, head_dim: int) -> tuple[int, int, int]:
-    """(BLOCK_M, BLOCK_N, num_warps). On a GPU, fp32 (exact dots) gets smaller tiles and
-    more warps so that it does not spill registers (checked with ptxas for sm_90). Under
-    the CPU interpreter the tiles are small so that the tests' short sequences still cross
-    several tiles."""
-    if device.type != 'cuda':
-        return 16, 8, 4
-    if dtype == torch.float32:
-        return 32, 16, 8
-    return 64, 64, 4 if head_dim <= 64 else 8
 
 
 def launch_extend_attention(
@@ -214,16 +214,17 @@ def launch_extend_attention(
     out: torch.Tensor,
     sm_scale: float,
     image_spans: torch.Tensor | None,
-    block_sizes: tuple[int, int, int] | None = None,
+    config: ExtendConfig,
 ) -> None:
-    """Launches the kernel; every argument was validated by the caller.
-
-    ``block_sizes`` overrides (BLOCK_M, BLOCK_N, num_warps); by default they follow the device.
-    """
+    """Launches the kernel with ``config``; every argument was validated by the caller."""
     _, num_q_heads, head_dim = q.shape
     num_kv_heads, v_head_dim = v_cache.shape[1], v_cache.shape[2]
-    block_m, block_n, num_warps = block_sizes or _block_sizes(q.device, q.dtype, head_dim)
-    grid = (req_pool_indices.shape[0], num_q_heads, triton.cdiv(max_extend_len, block_m))
+    group = num_q_heads // num_kv_heads
+    heads = config.heads_per_program
+    if heads not in (1, group):
+        raise ValueError(f'heads_per_program must be 1 or the GQA group {group}, got {heads}')
+    num_token_blocks = triton.cdiv(max_extend_len, config.tokens_per_program)
+    grid = (num_token_blocks, num_q_heads // heads, req_pool_indices.shape[0])
     _extend_kernel[grid](
         q,
         k,
@@ -248,15 +249,16 @@ def launch_extend_attention(
         out.stride(1),
         req_to_token.stride(0),
         NUM_KV_HEADS=num_kv_heads,
-        GROUP=num_q_heads // num_kv_heads,
+        GROUP=group,
+        HEADS_PER_PROGRAM=heads,
         HEAD_DIM=head_dim,
         V_HEAD_DIM=v_head_dim,
-        BLOCK_M=block_m,
-        BLOCK_N=block_n,
+        BLOCK_M=config.block_m,
+        BLOCK_N=config.block_n,
         BLOCK_D=triton.next_power_of_2(head_dim),
         BLOCK_DV=triton.next_power_of_2(v_head_dim),
         HAS_IMAGE_SPANS=image_spans is not None,
         DOT_FP32=q.dtype == torch.float32 or q.device.type != 'cuda',
-        num_warps=num_warps,
-        num_stages=1,
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
     )

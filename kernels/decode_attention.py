@@ -8,11 +8,12 @@ them. GQA: query head ``h`` uses KV head ``h // (num_q_heads // num_kv_heads)``.
 
 The Triton path is split-K flash decoding in two stages (after SGLang's
 ``decode_attention.py``, itself after lightllm): stage 1 runs one program per (request,
-KV head, block of up to 16 query heads of that group, KV split), streams the split's K/V
-through an online softmax and writes the normalized partial output and its natural-log
-log-sum-exp; stage 2 merges the splits of each (request, query head). The scratch buffers
-and the per-request split counts come from the caller, so a launch can be captured in a
-CUDA graph. Dtypes: fp16/bf16 on a GPU, fp32 anywhere (exact fp32 dots).
+KV head, block of its GQA group's query heads, KV split), streams the split's K/V through
+an online softmax and writes the normalized partial output and its natural-log
+log-sum-exp; stage 2 merges the splits of each (request, query head). Tiles, warps and
+pipeline depth follow ``attention_configs.decode_config``. The scratch buffers and the
+per-request split counts come from the caller, so a launch can be captured in a CUDA graph.
+Dtypes: fp16/bf16 on a GPU, fp32 anywhere (exact fp32 dots).
 
 Entry points: ``decode_attention`` (the 'triton' backend's launcher),
 ``decode_attention_torch`` (the 'torch' backend, float32), ``run_decode_attention``
@@ -28,14 +29,12 @@ from __future__ import annotations
 import torch
 
 from vla_sched.kernels import _validate as checks
+from vla_sched.kernels.attention_configs import (
+    MIN_TOKENS_PER_SPLIT,
+    DecodeConfig,
+    decode_config,
+)
 from vla_sched.kernels.decode_reads import decode_attention_over_reads, decode_reads
-
-# A request gets at most one KV split per this many tokens, so short ones are not split.
-MIN_TOKENS_PER_SPLIT = 256
-# Stage-1 programs wanted per streaming multiprocessor before splitting stops.
-PROGRAMS_PER_SM = 8
-# Query heads one stage-1 program handles (the M side of its tl.dot, at least 16 on a GPU).
-HEADS_PER_PROGRAM = 16
 
 
 def _check_decode_inputs(
@@ -196,6 +195,7 @@ def decode_attention(
     num_kv_splits: torch.Tensor,
     sm_scale: float,
     debug: bool | None = None,
+    config: DecodeConfig | None = None,
 ) -> None:
     """Triton launcher for split-K paged decode attention; writes ``out`` in place.
 
@@ -209,6 +209,8 @@ def decode_attention(
             clamped in the kernel and rejected in debug mode).
         debug: check slot, row, length and split values (a host sync); None reads the
             ``VLA_SCHED_KERNEL_DEBUG`` environment variable at call time.
+        config: stage 1's tiles, warps and pipeline depth; None takes
+            :func:`~vla_sched.kernels.attention_configs.decode_config` for the shape.
     """
     _check_decode_inputs(
         q=q,
@@ -250,7 +252,16 @@ def decode_attention(
         attn_lse=attn_lse,
         num_kv_splits=num_kv_splits,
         sm_scale=float(sm_scale),
-        heads_per_program=HEADS_PER_PROGRAM,
+        config=config or _default_config(q, k_cache),
+    )
+
+
+def _default_config(q: torch.Tensor, k_cache: torch.Tensor) -> DecodeConfig:
+    return decode_config(
+        head_dim=q.shape[2],
+        group=q.shape[1] // k_cache.shape[1],
+        itemsize=q.element_size(),
+        on_gpu=q.device.type == 'cuda',
     )
 
 
@@ -261,11 +272,18 @@ def choose_num_kv_splits(
     num_kv_heads: int,
     max_kv_splits: int,
     num_sms: int,
+    head_dim: int = 128,
+    itemsize: int = 2,
+    config: DecodeConfig | None = None,
 ) -> torch.Tensor:
     """Picks each request's KV split count without leaving the device.
 
-    Splits only as far as needed to give every SM ``PROGRAMS_PER_SM`` stage-1 programs, and
-    never below ``MIN_TOKENS_PER_SPLIT`` tokens per split.
+    Each request gets the count, from 1 to ``max_kv_splits`` and at most one split per
+    ``MIN_TOKENS_PER_SPLIT`` tokens, that minimizes the tiles the busiest program slot
+    streams: the stage-1 programs of all requests at that count fill ``ceil(programs /
+    (num_sms * programs_per_sm))`` waves, and in each wave a program streams its split's
+    tiles after ``num_stages - 1`` tiles of pipeline start-up. Fewer splits win ties (less
+    scratch to write and merge).
 
     Args:
         seq_lens: [B] tokens each request attends to.
@@ -273,6 +291,9 @@ def choose_num_kv_splits(
         num_kv_heads: KV heads.
         max_kv_splits: upper bound (the scratch buffers' split dimension).
         num_sms: streaming multiprocessors of the device (1 on a CPU).
+        head_dim, itemsize: the query's head dim and element size, which pick the launch
+            config when ``config`` is None (on the device of ``seq_lens``).
+        config: the stage-1 launch the splits are for.
 
     Returns:
         [B] int32 split counts in ``1..max_kv_splits``.
@@ -280,14 +301,29 @@ def choose_num_kv_splits(
     group = checks.check_gqa_heads(num_q_heads, num_kv_heads)
     if max_kv_splits < 1:
         raise ValueError(f'max_kv_splits must be >= 1, got {max_kv_splits}')
-    head_programs = num_kv_heads * -(-group // HEADS_PER_PROGRAM)
+    if config is None:
+        on_gpu = seq_lens.device.type == 'cuda'
+        config = decode_config(head_dim=head_dim, group=group, itemsize=itemsize, on_gpu=on_gpu)
+    head_programs = num_kv_heads * -(-group // config.block_h)
     programs_per_split = max(seq_lens.shape[0] * head_programs, 1)
-    for_occupancy = -(-PROGRAMS_PER_SM * num_sms // programs_per_split)
-    for_occupancy = min(max(for_occupancy, 1), max_kv_splits)
-    for_length = torch.div(
-        seq_lens + MIN_TOKENS_PER_SPLIT - 1, MIN_TOKENS_PER_SPLIT, rounding_mode='floor'
+    num_slots = max(num_sms, 1) * config.programs_per_sm
+    device = seq_lens.device
+    splits = torch.arange(1, max_kv_splits + 1, device=device)
+    # Device arithmetic only (no host tensors): the model captures this in its decode graphs.
+    waves = torch.div(
+        splits * programs_per_split + num_slots - 1, num_slots, rounding_mode='floor'
     )
-    return for_length.clamp(min=1, max=for_occupancy).to(torch.int32)
+    lens = seq_lens.to(torch.int64)[:, None]
+    align = config.split_align
+    split_lens = torch.div(torch.div(lens + splits - 1, splits, rounding_mode='floor') + align - 1,
+                           align, rounding_mode='floor').clamp(min=1) * align  # fmt: skip
+    tiles = torch.div(split_lens + config.block_n - 1, config.block_n, rounding_mode='floor')
+    cost = waves * (tiles + (config.num_stages - 1))
+    by_length = torch.div(
+        lens + MIN_TOKENS_PER_SPLIT - 1, MIN_TOKENS_PER_SPLIT, rounding_mode='floor'
+    )
+    cost = torch.where(splits <= by_length.clamp(min=1), cost, torch.iinfo(torch.int64).max)
+    return (torch.argmin(cost, dim=1) + 1).to(torch.int32)
 
 
 def device_num_sms(device: torch.device) -> int:
@@ -353,6 +389,7 @@ def run_decode_attention(
         num_kv_heads=k_cache.shape[1],
         max_kv_splits=max_kv_splits,
         num_sms=device_num_sms(q.device),
+        config=_default_config(q, k_cache),
     )
     decode_attention(
         **common, out=out, attn_logits=attn_logits, attn_lse=attn_lse, num_kv_splits=num_kv_splits

@@ -15,8 +15,9 @@ Mask: a new token at position ``p`` sees every prefix position and the new posit
 tokens inside that span: bidirectional attention over an image, as prefix-LM VLAs use.
 
 The Triton kernel (after SGLang's ``extend_attention.py``) runs one program per (request,
-query head, block of query rows): stage 1 streams the prefix through the slot table,
-stage 2 the new tokens with the mask, both in one online softmax.
+query head or whole GQA group, block of new tokens): stage 1 streams the prefix through the
+slot table, stage 2 the new tokens with the mask, both in one online softmax. Tiles, warps,
+pipeline depth and the heads per program follow ``attention_configs.extend_config``.
 
 Entry points: ``extend_attention`` (the 'triton' backend's launcher),
 ``extend_attention_torch`` (the 'torch' backend, float32), ``run_extend_attention``
@@ -31,6 +32,7 @@ from __future__ import annotations
 import torch
 
 from vla_sched.kernels import _validate as checks
+from vla_sched.kernels.attention_configs import ExtendConfig, extend_config
 from vla_sched.kernels.extend_runs import extend_attention_over_runs, extend_runs
 
 
@@ -216,6 +218,7 @@ def extend_attention(
     sm_scale: float,
     image_spans: torch.Tensor | None = None,
     debug: bool | None = None,
+    config: ExtendConfig | None = None,
 ) -> None:
     """Triton launcher for paged extend attention; writes ``out`` in place.
 
@@ -226,6 +229,8 @@ def extend_attention(
         out: [T, Hq, Dv] output in ``q.dtype``, last dimension unit-stride.
         debug: check slots, rows, lengths, offsets and spans (a host sync); None reads the
             ``VLA_SCHED_KERNEL_DEBUG`` environment variable at call time.
+        config: tiles, warps, pipeline depth and heads per program; None takes
+            :func:`~vla_sched.kernels.attention_configs.extend_config` for the shape.
     """
     _check_extend_inputs(
         q=q,
@@ -278,6 +283,13 @@ def extend_attention(
         out=out,
         sm_scale=float(sm_scale),
         image_spans=image_spans,
+        config=config
+        or extend_config(
+            head_dim=q.shape[2],
+            group=num_q_heads // k_cache.shape[1],
+            itemsize=q.element_size(),
+            on_gpu=q.device.type == 'cuda',
+        ),
     )
 
 

@@ -12,9 +12,13 @@ import pytest
 import torch
 from paged_kv_cases import build_paged_kv, max_rel_error
 
-from vla_sched.kernels._decode_attention_jit import launch_decode_attention
+from vla_sched.kernels.attention_configs import (
+    DecodeConfig,
+    decode_alternatives,
+    decode_config,
+    decode_heads_per_program,
+)
 from vla_sched.kernels.decode_attention import (
-    HEADS_PER_PROGRAM,
     choose_num_kv_splits,
     decode_attention,
     decode_attention_torch,
@@ -41,7 +45,8 @@ CASES = {
     'gqa4-d80-page16': DecodeCase(8, 2, 80, 80, 16, (37, 5, 16), (4, 1, 2), 4),
     'gqa2-d96-more-splits-than-tiles': DecodeCase(6, 3, 96, 96, 16, (50, 1), (8, 8), 8),
     'mqa8-d128-page1': DecodeCase(8, 1, 128, 128, 1, (33, 17, 2), (2, 3, 1), 3),
-    'mqa32-two-head-blocks': DecodeCase(32, 1, 64, 64, 16, (19,), (3,), 3),
+    'mqa32-whole-group-in-one-program': DecodeCase(32, 1, 64, 64, 16, (19,), (3,), 3),
+    'mqa128-two-head-blocks': DecodeCase(128, 1, 64, 64, 16, (19, 4), (3, 1), 3),
     'v-head-dim-differs': DecodeCase(4, 2, 64, 80, 16, (45, 12), (5, 2), 6),
 }
 
@@ -111,15 +116,30 @@ def test_decode_kernel_matches_reference_across_head_dims_pages_and_groups(
     assert max_rel_error(buffers['out'], expected) <= TOLERANCE
 
 
-def test_decode_kernel_with_gpu_tile_sizes_matches_reference():
-    case = DecodeCase(8, 2, 128, 128, 16, (130, 70, 3), (2, 1, 1), 2)
+GPU_RULE = decode_config(head_dim=128, group=4, itemsize=2, on_gpu=True)
+GPU_CONFIGS = {
+    'rule-bf16': GPU_RULE,
+    'rule-fp32': decode_config(head_dim=128, group=4, itemsize=4, on_gpu=True),
+    'rule-d256': decode_config(head_dim=256, group=4, itemsize=2, on_gpu=True),
+    **decode_alternatives(GPU_RULE),
+}
+
+
+@pytest.mark.parametrize('name', list(GPU_CONFIGS))
+def test_decode_kernel_with_each_gpu_config_matches_reference(name):
+    # Lengths cross the configs' 32 to 128-row tiles and split alignments.
+    case = DecodeCase(8, 2, 128, 128, 16, (130, 70, 3), (2, 3, 1), 3)
     inputs = _make_inputs(case, seed=2024)
     buffers = _poisoned_buffers(case)
-    launch_decode_attention(
-        **inputs, **buffers, heads_per_program=HEADS_PER_PROGRAM, tile_sizes=(64, 64, 4)
-    )
+    decode_attention(**inputs, **buffers, config=GPU_CONFIGS[name], debug=True)
     expected = decode_attention_torch(**inputs)
     assert max_rel_error(buffers['out'], expected) <= TOLERANCE
+
+
+def test_a_decode_program_holds_its_whole_gqa_group_up_to_64_heads():
+    assert [decode_heads_per_program(g) for g in (1, 4, 16, 24, 32, 64, 128)] == [
+        16, 16, 16, 32, 32, 64, 64,
+    ]  # fmt: skip
 
 
 def test_decode_kernel_takes_int64_slot_tables_and_int32_lengths():
@@ -164,14 +184,49 @@ def test_run_decode_attention_triton_backend_picks_splits_and_matches_reference(
     assert max_rel_error(out, decode_attention_torch(**inputs)) <= TOLERANCE
 
 
-def test_choose_num_kv_splits_splits_long_requests_only_while_the_gpu_is_underfilled():
-    seq_lens = torch.tensor([100, 600, 5000])
-    few_programs = choose_num_kv_splits(
-        seq_lens=seq_lens, num_q_heads=8, num_kv_heads=2, max_kv_splits=8, num_sms=132
+def _gpu_splits(batch_size: int, seq_len: int, config: DecodeConfig = GPU_RULE) -> list[int]:
+    splits = choose_num_kv_splits(
+        seq_lens=torch.full((batch_size,), seq_len),
+        num_q_heads=32,
+        num_kv_heads=8,
+        max_kv_splits=8,
+        num_sms=132,
+        config=config,
     )
-    assert few_programs.dtype == torch.int32
-    assert few_programs.tolist() == [1, 3, 8]
+    assert splits.dtype == torch.int32
+    return splits.tolist()
+
+
+def test_choose_num_kv_splits_fills_the_h200_in_whole_waves():
+    # 8 KV heads x batch programs per split, 132 SMs x 5 resident programs, 64-row tiles.
+    assert _gpu_splits(1, 8192) == [8]  # 64 programs: every split allowed helps
+    assert _gpu_splits(32, 2048) == [2] * 32  # 512 programs, one wave of 16 tiles
+    assert _gpu_splits(32, 8192) == [5] * 32  # 1280 programs, two waves of 26 tiles
+    assert _gpu_splits(128, 2048) == [3] * 128  # 3072 programs, five waves of 11 tiles
+
+
+def test_choose_num_kv_splits_gives_a_split_per_256_tokens_at_most():
+    assert _gpu_splits(1, 256) == [1]
+    assert _gpu_splits(1, 600) == [3]
+    assert _gpu_splits(32, 256) == [1] * 32
+
+
+def test_choose_num_kv_splits_follows_the_config_resident_programs():
+    # Fewer resident programs per SM mean fewer slots per wave, so fewer splits pay off.
+    one_per_sm = DecodeConfig(16, 64, 64, 4, 3, 1)
+    assert _gpu_splits(32, 2048, one_per_sm) == [1] * 32
+    assert _gpu_splits(32, 2048) == [2] * 32
+
+
+def test_choose_num_kv_splits_takes_each_request_length_and_the_device_default():
+    seq_lens = torch.tensor([100, 600, 5000])
+    mixed = choose_num_kv_splits(
+        seq_lens=seq_lens, num_q_heads=8, num_kv_heads=2, max_kv_splits=8, num_sms=132,
+        config=GPU_RULE,
+    )  # fmt: skip
+    assert mixed.tolist() == [1, 3, 8]
     on_cpu = choose_num_kv_splits(
         seq_lens=seq_lens, num_q_heads=8, num_kv_heads=2, max_kv_splits=8, num_sms=1
     )
-    assert on_cpu.tolist() == [1, 2, 2]
+    # The interpreter's config: 8-row tiles, one resident program on one "SM".
+    assert on_cpu.tolist() == [1, 1, 1]

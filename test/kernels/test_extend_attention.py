@@ -12,7 +12,12 @@ import pytest
 import torch
 from paged_kv_cases import build_paged_kv, max_rel_error
 
-from vla_sched.kernels._extend_attention_jit import launch_extend_attention
+from vla_sched.kernels.attention_configs import (
+    ExtendConfig,
+    extend_alternatives,
+    extend_config,
+    extend_heads_per_program,
+)
 from vla_sched.kernels.extend_attention import (
     extend_attention,
     extend_attention_torch,
@@ -120,12 +125,41 @@ def test_extend_kernel_matches_reference_across_head_dims_pages_and_masks(
     assert max_rel_error(out, extend_attention_torch(**inputs)) <= TOLERANCE
 
 
-def test_extend_kernel_with_gpu_block_sizes_matches_reference():
+GPU_RULE = extend_config(head_dim=128, group=2, itemsize=2, on_gpu=True)
+GPU_CONFIGS = {
+    'rule-bf16': GPU_RULE,
+    'rule-fp32': extend_config(head_dim=128, group=2, itemsize=4, on_gpu=True),
+    'rule-d256': extend_config(head_dim=256, group=2, itemsize=2, on_gpu=True),
+    **extend_alternatives(GPU_RULE),
+}
+
+
+@pytest.mark.parametrize('name', list(GPU_CONFIGS))
+def test_extend_kernel_with_each_gpu_config_matches_reference(name):
+    # 64 tokens per packed 128-row program: the second request crosses two token blocks.
     case = ExtendCase(4, 2, 128, 128, 16, (70, 0), (100, 65), ((80, 150), (0, 0)))
     inputs = _make_inputs(case, seed=77)
     out = _poisoned_out(inputs)
-    launch_extend_attention(**inputs, max_extend_len=100, out=out, block_sizes=(64, 64, 8))
+    extend_attention(**inputs, max_extend_len=100, out=out, config=GPU_CONFIGS[name])
     assert max_rel_error(out, extend_attention_torch(**inputs)) <= TOLERANCE
+
+
+@pytest.mark.parametrize('heads', [1, 3])
+def test_extend_kernel_packs_a_gqa_group_of_three_or_runs_one_head(heads):
+    # 16 rows hold 5 tokens of 3 heads (one row idle) or 16 tokens of one head.
+    case = ExtendCase(6, 2, 64, 64, 16, (9, 0), (13, 6), ((10, 14), (0, 0)))
+    inputs = _make_inputs(case, seed=31 + heads)
+    out = _poisoned_out(inputs)
+    config = ExtendConfig(16, 8, heads, 4, 1)
+    extend_attention(**inputs, max_extend_len=13, out=out, config=config, debug=True)
+    assert max_rel_error(out, extend_attention_torch(**inputs)) <= TOLERANCE
+
+
+def test_extend_programs_pack_the_gqa_group_while_it_leaves_four_tokens_each():
+    assert [extend_heads_per_program(g, 128) for g in (1, 2, 4, 8, 32, 64)] == [
+        1, 2, 4, 8, 32, 1,
+    ]  # fmt: skip
+    assert extend_heads_per_program(8, 16) == 1
 
 
 def test_extend_kernel_takes_int64_slot_tables_and_int32_lengths():
