@@ -22,10 +22,10 @@ its whole 280-token prompt (about 4.1 TFLOP with the vision towers), while decod
 weights once per pass whatever the batch: prefill FLOPs set the ceiling.
 
 The scheduler runs once per chunk size: 8192 (SGLang's default on an H200-class GPU) and
-256 (the node's default, set for the tiny model on a CPU); and with 8192 once more with
-mixed passes (each prefill pass also decodes the running steps: SGLang's mixed chunk, which
-the engine uses on the CPU only, since on a GPU its runner would run such a pass outside
-the captured decode graph).
+256 (the node's default, set for the tiny model on a CPU), with separate prefill and decode
+passes; and with 8192 once more with mixed passes (each prefill pass also decodes the
+running steps: SGLang's mixed chunk, which the engine uses by default, on a GPU through the
+captured prefill path).
 
     python -m bench.capacity_projection --json out.json --markdown out.md    # a few minutes
 """
@@ -86,7 +86,7 @@ class ProjectionPlan:
     host_overhead_us: float = 1000.0  # the scheduler's host work per iteration
     kv_pool_tokens: int = 65536  # 34 GB of openvla-7b KV: the H200 holds it beside the weights
     chunk_sizes: tuple[int, ...] = (8192, 256)
-    mixed_chunk_sizes: tuple[int, ...] = (8192,)  # also with mixed passes (off on a GPU)
+    mixed_chunk_sizes: tuple[int, ...] = (8192,)  # also with mixed passes
 
     def __post_init__(self) -> None:
         if self.max_robots < 1 or self.max_failures_in_row < 1 or not self.chunk_sizes:
@@ -130,14 +130,14 @@ def projection_servers(
     plan: ProjectionPlan, cost: HardwareCostModel, shape: ModelShape, translator: StepTranslator
 ) -> list[tuple[str, Callable[[], SimServer]]]:
     """Each server under test, labelled: the engine's scheduler with its GPU settings per
-    chunk size (and again with mixed passes, which the engine turns on on the CPU only),
-    then one step at a time."""
+    chunk size, with separate prefill and decode passes (and again with mixed passes), then
+    one step at a time."""
 
     def scheduled(chunk: int, *, mixed: bool) -> Callable[[], SimServer]:
         engine = EngineConfig(chunked_prefill_size=chunk, kv_pool_tokens=plan.kv_pool_tokens)
-        config = scheduler_config_for(engine, 'cuda')
-        if mixed:
-            config = dataclasses.replace(config, enable_mixed_chunk=True)
+        config = dataclasses.replace(
+            scheduler_config_for(engine, 'cuda'), enable_mixed_chunk=mixed
+        )
         return lambda: SimulatedEngine.for_engine(
             engine, cost, translator, host_overhead_us=plan.host_overhead_us, config=config
         )

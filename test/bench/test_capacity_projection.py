@@ -122,11 +122,10 @@ def test_the_projection_serves_openvla_prompts_with_the_engines_gpu_settings(sha
     servers = dict(capacity_projection.projection_servers(plan, cost, shape, translator))
     engine = EngineConfig(chunked_prefill_size=8192, kv_pool_tokens=plan.kv_pool_tokens)
     gpu = scheduler_config_for(engine, 'cuda')
-    assert servers['vla_sched, chunk 8192']().scheduler.config == gpu
+    separate = servers['vla_sched, chunk 8192']().scheduler.config
+    assert separate == dataclasses.replace(gpu, enable_mixed_chunk=False)
     mixed = servers['vla_sched, chunk 8192, mixed passes']().scheduler.config
-    assert (
-        mixed == dataclasses.replace(gpu, enable_mixed_chunk=True) and not gpu.enable_mixed_chunk
-    )
+    assert mixed == gpu and gpu.enable_mixed_chunk
     spec = translator.spec
     assert (spec.num_image_tokens, spec.num_action_tokens) == (
         shape.num_image_tokens,

@@ -140,8 +140,8 @@ class EngineConfig:
     )
     enable_mixed_chunk: bool = setting(
         True,
-        'decode the running steps in each prefill pass (CPU only: on a GPU a mixed pass '
-        'gives up the captured decode graph)',
+        'decode the running steps in each prefill pass (on a GPU with cuda_graphs only: '
+        'the pass runs on the captured prefill path)',
         group='scheduler',
     )
     prefill_decode_interval: int = setting(

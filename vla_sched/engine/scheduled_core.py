@@ -280,9 +280,12 @@ def scheduler_config_for(c: EngineConfig, device_type: str) -> SchedulerConfig:
         # On the CPU a step's tokens are known when it returns: nothing to overlap.
         enable_overlap=c.enable_overlap and device_type != 'cpu',
         num_continuous_decode_steps=c.num_continuous_decode_steps,
-        # A mixed pass runs every request row through the eager prefill path: on a GPU
-        # that costs more than the captured decode pass it saves.
-        enable_mixed_chunk=c.enable_mixed_chunk and device_type == 'cpu',
+        # On a GPU a mixed pass runs on the captured prefill path (the running requests'
+        # rows are one-token extends there), so it needs CUDA graphs.
+        enable_mixed_chunk=(
+            c.enable_mixed_chunk
+            and (device_type == 'cpu' or (device_type == 'cuda' and c.cuda_graphs))
+        ),
         prefill_delayer=PrefillDelayerConfig(enabled=c.enable_prefill_delayer),
         prefill_decode_interval=c.prefill_decode_interval,
     )
