@@ -19,7 +19,9 @@ ZMQ, no cv_bridge is imported, so this runs on a bare GPU machine.
   (``bench/lib/capacity.py``). The engine delivers late steps marked late
   (``late_policy='deliver_late'``), so the latencies are the real ones.
 - ``--capacity``: the capacity search (``search_capacity``) over the robot ladder, a paced
-  window per count on the same core.
+  window per count on the same core; with ``--bisect`` the bisection (``bisect_capacity``),
+  which needs fewer windows. ``--mixed-passes on|off`` sets the scheduler's mixed passes
+  explicitly (default: what the engine derives for the device).
 
     python -m bench.engine_paced --robots 1 4 --duration 3            # tiny checkpoint, CPU
     python -m bench.engine_paced --capacity --max-robots 16           # the capacity search
@@ -36,6 +38,7 @@ import os
 import sys
 import time
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,6 +47,8 @@ import numpy as np
 from bench.lib.capacity import (
     CapacityCriteria,
     CapacityMeasure,
+    CapacitySearch,
+    bisect_capacity,
     headline_table,
     robot_ladder,
     search_capacity,
@@ -53,7 +58,8 @@ from bench.lib.fleets import Fleet, FleetTiming, robot_index, step_request
 from bench.lib.stats import percentile
 from bench.lib.tables import markdown_table as render_table
 from vla_sched.engine.config import EngineConfig
-from vla_sched.engine.scheduled_core import ScheduledCore
+from vla_sched.engine.device_choice import pick_device_and_dtype
+from vla_sched.engine.scheduled_core import ScheduledCore, scheduler_config_for
 from vla_sched.ipc.messages import StepFailure, StepRequest, StepResult
 
 INSTRUCTION = 'pick up the red block'
@@ -61,9 +67,19 @@ FRAME_SIZE = 224
 
 
 def make_core(
-    model_path: str, *, device: str, cuda_graphs: bool, max_running_requests: int = 64
+    model_path: str,
+    *,
+    device: str,
+    cuda_graphs: bool,
+    max_running_requests: int = 64,
+    mixed_passes: bool | None = None,
 ) -> ScheduledCore:
-    """The engine core on ``model_path`` with late steps delivered (marked late)."""
+    """The engine core on ``model_path`` with late steps delivered (marked late).
+
+    ``mixed_passes`` turns mixed passes (a prefill pass also decodes the running requests,
+    the scheduler's ``enable_mixed_chunk``) on or off in the scheduler settings the core is
+    given; None keeps what the engine derives for the device.
+    """
     config = EngineConfig(
         model_path=model_path,
         device=device,
@@ -71,7 +87,13 @@ def make_core(
         late_policy='deliver_late',
         max_running_requests=max_running_requests,
     )
-    return ScheduledCore.from_config(config)
+    scheduler_config = None
+    if mixed_passes is not None:
+        device_type = pick_device_and_dtype(config)[0].type
+        scheduler_config = dataclasses.replace(
+            scheduler_config_for(config, device_type), enable_mixed_chunk=mixed_passes
+        )
+    return ScheduledCore.from_config(config, scheduler_config=scheduler_config)
 
 
 def fresh_frame(seed: int, size: int = FRAME_SIZE) -> np.ndarray:
@@ -309,7 +331,8 @@ def _paced_point(core: ScheduledCore, plan: PacedPlan, num_robots: int) -> Paced
     )
 
 
-def markdown_table(points: list[PacedPoint]) -> str:
+def markdown_table(points: list[PacedPoint], *, criteria: CapacityCriteria | None = None) -> str:
+    """A row per point; with ``criteria``, a last column with its verdict under them."""
     headers = ['robots', 'steps sent / results / failures', 'latency p50 ms', 'latency p99 ms']
     headers += ['frame age p99 ms', 'deadline met', 'actions/s', 'target', 'superseded frames']
     rows = [
@@ -326,29 +349,45 @@ def markdown_table(points: list[PacedPoint]) -> str:
         ]
         for p in points
     ]
+    if criteria is not None:
+        headers.append('verdict')
+        for row, p in zip(rows, points, strict=True):
+            failures = criteria.failures(p.capacity)
+            row.append('pass' if not failures else 'fail: ' + '; '.join(failures))
     return render_table(headers, rows, digits=1)
 
 
-def run_capacity(
-    core: ScheduledCore, plan: PacedPlan, criteria: CapacityCriteria, *, max_robots: int
-) -> list[PacedPoint]:
-    """The capacity search over the ladder up to ``max_robots``, a paced window per count."""
+def search_paced_capacity(
+    core: ScheduledCore,
+    plan: PacedPlan,
+    criteria: CapacityCriteria,
+    *,
+    max_robots: int,
+    bisect: bool = False,
+    first_probe: int | None = None,
+    on_point: Callable[[PacedPoint], None] | None = None,
+) -> tuple[CapacitySearch, list[PacedPoint]]:
+    """The capacity of ``core``, a paced window per count: the ladder search up to
+    ``max_robots`` (refined), or with ``bisect`` the bisection (``first_probe`` first after
+    1 robot); the search and its points in the order measured."""
     points: list[PacedPoint] = []
 
     def measure(num_robots: int) -> CapacityMeasure:
         (point,) = run_paced(core, dataclasses.replace(plan, robot_counts=(num_robots,)))
         points.append(point)
-        print(markdown_table([point]).splitlines()[-1], flush=True)
+        if on_point is not None:
+            on_point(point)
         return point.capacity
 
-    search = search_capacity(
-        'engine core', robot_ladder(max_robots), measure, criteria, refine=True
-    )
-    print()
-    print(headline_table([search]))
-    print()
-    print(steps_table([search]))
-    return points
+    if bisect:
+        search = bisect_capacity(
+            'engine core', max_robots, measure, criteria, first_probe=first_probe
+        )
+    else:
+        search = search_capacity(
+            'engine core', robot_ladder(max_robots), measure, criteria, refine=True
+        )
+    return search, points
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -361,6 +400,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument('--duration', type=float, default=4.0, help='measured seconds per count')
     parser.add_argument('--capacity', action='store_true', help='search the capacity instead')
     parser.add_argument('--max-robots', type=int, default=32, help='capacity: ladder top')
+    parser.add_argument(
+        '--bisect', action='store_true', help='capacity: bisect instead of the ladder'
+    )
+    parser.add_argument(
+        '--mixed-passes',
+        choices=('engine', 'on', 'off'),
+        default='engine',
+        help="mixed passes on, off, or the engine's default for the device",
+    )
     parser.add_argument('--model-path', default='', help='checkpoint (default: the tiny one)')
     parser.add_argument('--device', choices=('cpu', 'cuda'), default='cpu')
     parser.add_argument('--cuda-graphs', action='store_true', help='replay decode as graphs')
@@ -374,9 +422,17 @@ def main(argv: list[str] | None = None) -> int:
         robot_ladder(args.max_robots)
     except ValueError as exc:
         parser.error(str(exc))
-    core = make_core(args.model_path, device=args.device, cuda_graphs=args.cuda_graphs)
+    mixed = {'engine': None, 'on': True, 'off': False}[args.mixed_passes]
+    core = make_core(
+        args.model_path, device=args.device, cuda_graphs=args.cuda_graphs, mixed_passes=mixed
+    )
     if args.capacity:
-        points = run_capacity(core, plan, CapacityCriteria(), max_robots=args.max_robots)
+        criteria = CapacityCriteria()
+        search, points = search_paced_capacity(
+            core, plan, criteria, max_robots=args.max_robots, bisect=args.bisect,
+            on_point=lambda p: print(markdown_table([p]).splitlines()[-1], flush=True),
+        )  # fmt: skip
+        print(f'\n{headline_table([search])}\n\n{steps_table([search])}')
     else:
         points = run_paced(core, plan)
         print(markdown_table(points))

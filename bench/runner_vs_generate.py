@@ -45,7 +45,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from bench.lib.cost_model import OPENVLA_ACTION_TOKENS, OPENVLA_TEXT_TOKENS, openvla_shape
+from bench.lib.cost_model import (
+    OPENVLA_ACTION_TOKENS,
+    OPENVLA_TEXT_TOKENS,
+    batch_floor,
+    openvla_shape,
+)
 from bench.lib.cost_model import step_floor as floor_of
 from bench.lib.device_timing import MeasuredRates, measure_rates
 from bench.lib.tables import markdown_table
@@ -88,11 +93,9 @@ class ComparePlan:
 # --- the models -----------------------------------------------------------------------------
 
 
-def build_models(plan: ComparePlan):
-    """OpenVLA's config, our model with random weights under OpenVLA's names, and
-    transformers' ``LlamaForCausalLM`` sharing its decoder tensors."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
+def build_ours(plan: ComparePlan) -> tuple[dict[str, Any], Any, dict[str, torch.Tensor]]:
+    """OpenVLA's config, our model with seeded random weights under OpenVLA's names, and
+    those weights by their stored names."""
     from vla_sched.model.config.formats import spec_from_dicts
     from vla_sched.model.config.presets import openvla_config, openvla_norm_stats
     from vla_sched.model.loading.vla_model import assemble_model
@@ -112,6 +115,16 @@ def build_models(plan: ComparePlan):
         device=device,
         dtype=dtype,
     )
+    return config, ours, stored
+
+
+def build_models(plan: ComparePlan):
+    """OpenVLA's config, our model (``build_ours``), and transformers' ``LlamaForCausalLM``
+    sharing its decoder tensors."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config, ours, stored = build_ours(plan)
+    device, dtype = plan.torch_device, plan.dtype
     with torch.device(device):
         hf = LlamaForCausalLM._from_config(LlamaConfig(**config['text_config']), dtype=dtype)
     prefix = 'language_model.'
@@ -123,20 +136,29 @@ def build_models(plan: ComparePlan):
     return config, ours, hf
 
 
+def slot_table(spec, num_robots: int) -> torch.Tensor:
+    """A slot table with a row per robot, each long enough for one control step."""
+    context = spec.num_image_tokens + OPENVLA_TEXT_TOKENS + OPENVLA_ACTION_TOKENS + 8
+    return torch.arange(num_robots * context, dtype=torch.int32).reshape(num_robots, context)
+
+
+def padded_runner_config(plan: ComparePlan):
+    """The "graphs" runner's settings: every CUDA graph on a GPU (decode captured at the
+    plan's batch sizes), the padded decode path run eagerly on the CPU."""
+    from vla_sched.model.runner.config import RunnerConfig
+
+    if plan.device == 'cuda':
+        return RunnerConfig(cuda_graphs=True, decode_batch_sizes=plan.batch_sizes)
+    return RunnerConfig(padded_decode=True)
+
+
 def make_runners(ours, plan: ComparePlan) -> dict[str, Any]:
     """Our runner eager and through its padded paths (captured as CUDA graphs on a GPU), on
     one slot table with a row per robot of the largest batch."""
     from vla_sched.model.runner.model_runner import ModelRunner, RunnerConfig
 
-    spec = ours.spec
-    context = spec.num_image_tokens + OPENVLA_TEXT_TOKENS + OPENVLA_ACTION_TOKENS + 8
-    max_batch = max(plan.batch_sizes)
-    table = torch.arange(max_batch * context, dtype=torch.int32).reshape(max_batch, context)
-    if plan.device == 'cuda':
-        padded = RunnerConfig(cuda_graphs=True, decode_batch_sizes=plan.batch_sizes)
-    else:
-        padded = RunnerConfig(padded_decode=True)
-    configs = {'eager': RunnerConfig(), 'graphs': padded}
+    table = slot_table(ours.spec, max(plan.batch_sizes))
+    configs = {'eager': RunnerConfig(), 'graphs': padded_runner_config(plan)}
     return {
         name: ModelRunner(ours, req_to_token=table, num_kv_slots=table.numel(), config=config)
         for name, config in configs.items()
@@ -352,6 +374,11 @@ def compare(
         first = out['batches'][0]
         if first['robots'] == 1:
             out['runner_step_over_floor'] = first['graphs']['step_ms'] / floor.step_ms
+        for row in out['batches']:
+            row['batch_floor'] = dataclasses.asdict(batch_floor(shape, rates, row['robots']))
+            row['graphs_step_over_batch_floor'] = (
+                row['graphs']['step_ms'] / row['batch_floor']['step_ms']
+            )
     return out
 
 
@@ -397,6 +424,14 @@ def markdown_lines(result: dict[str, Any]) -> list[str]:
         ]
         if 'runner_step_over_floor' in result:
             lines[-1] += f' One robot, "graphs" / floor: {result["runner_step_over_floor"]:.2f}x.'
+        batched = [b for b in result['batches'] if b['robots'] > 1 and 'batch_floor' in b]
+        for b in batched:
+            f = b['batch_floor']
+            lines[-1] += (
+                f' {b["robots"]} robots in one batch: floor {f["step_ms"]:.1f} ms (prefill '
+                f'{f["prefill_ms"]:.1f} ms, first decode step {f["decode_ms"]:.2f} ms with '
+                f'every robot\'s KV), "graphs" / floor {b["graphs_step_over_batch_floor"]:.2f}x.'
+            )
     return lines
 
 

@@ -1,5 +1,7 @@
 """Part ``model``: our runner eager and through CUDA graphs against transformers on
-openvla-7b (``bench.runner_vs_generate``), and one robot's runner step against the floor."""
+openvla-7b (``bench.runner_vs_generate``) for 1 and 16 robots (1 and 2 of the tiny model in
+the dry run); one robot's runner step against the floor, 16 robots' batched step against
+the floor of a batch."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ def run(ctx: PartContext) -> dict[str, Any]:
 
     ctx.require_cuda()
     if ctx.dry_run:
-        plan = ComparePlan(device='cpu', tiny=True, batch_sizes=(1,), reps=1)
+        plan = ComparePlan(device='cpu', tiny=True, batch_sizes=(1, 2), reps=1)
     else:
         plan = ComparePlan(device='cuda', tiny=False, batch_sizes=(1, 16), reps=5)
     return compare(plan, rates=ctx.rates(), progress=lambda line: print(line, flush=True))

@@ -19,13 +19,14 @@ class Part:
 
 DEFAULT_BUDGET_S = 450.0
 PARTS = (
-    Part('environment', 25),
-    Part('kernels', 75),
+    Part('environment', 20),
+    Part('kernels', 60),
     Part('checkpoint', 55),
-    Part('model', 100),
-    Part('engine_core', 45, needs_checkpoint=True),
-    Part('serving', 95, needs_checkpoint=True),
-    Part('scheduler', 55, needs_checkpoint=True),
+    Part('model', 70),
+    Part('profile', 45),
+    Part('engine_core', 40, needs_checkpoint=True),
+    Part('serving', 115, needs_checkpoint=True),
+    Part('scheduler', 45, needs_checkpoint=True),
 )
 PART_NAMES = tuple(p.name for p in PARTS)
 

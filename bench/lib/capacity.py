@@ -11,6 +11,11 @@ measured and reported beside it, not judged: the deadline is the latency bound.
 then measures the counts between the largest pass and the next failed count one by one, up
 to the first that fails. The capacity is the largest count that passed (0: none passed).
 
+``bisect_capacity`` finds the same largest count in fewer measurements where passing is
+monotone in the count (every count below a pass passes): one robot first, then an optional
+first probe (the target, say), then halving the span between the largest pass and the
+smallest failure; for a run with a time limit (the prepared GPU run's serving part).
+
 ``judge`` turns how each step ended (``StepEnd``) into the ``CapacityMeasure`` of a window,
 for the drivers that see every step (the engine core driven in-process, the simulator).
 """
@@ -156,6 +161,43 @@ def search_capacity(
         for num_robots in range(capacity + 1, min(failed, default=capacity + 1)):
             if not take(num_robots).passed:
                 break
+    return CapacitySearch(system, tuple(steps))
+
+
+def bisect_capacity(
+    system: str,
+    max_robots: int,
+    measure: Callable[[int], CapacityMeasure],
+    criteria: CapacityCriteria,
+    *,
+    first_probe: int | None = None,
+    on_step: Callable[[CapacityStep], None] | None = None,
+) -> CapacitySearch:
+    """The largest count up to ``max_robots`` that passes, by bisection (see the module
+    doc): 1 robot, then ``first_probe`` if it lies in (1, max_robots], then the midpoints;
+    about log2(max_robots) + 2 measurements. Stops at once when 1 robot fails."""
+    if max_robots < 1:
+        raise ValueError(f'max_robots must be >= 1, got {max_robots}')
+    steps: list[CapacityStep] = []
+
+    def passes(num_robots: int) -> bool:
+        result = measure(num_robots)
+        step = CapacityStep(result, criteria.failures(result))
+        steps.append(step)
+        if on_step is not None:
+            on_step(step)
+        return step.passed
+
+    if passes(1):
+        largest_pass, smallest_failure = 1, max_robots + 1
+        probe = first_probe if first_probe is not None and 1 < first_probe <= max_robots else None
+        while smallest_failure - largest_pass > 1:
+            count = probe if probe is not None else (largest_pass + smallest_failure) // 2
+            probe = None
+            if passes(count):
+                largest_pass = count
+            else:
+                smallest_failure = count
     return CapacitySearch(system, tuple(steps))
 
 

@@ -7,7 +7,8 @@ model in its calibrations, and the physical bounds of robots per control period.
   decoder's weights (all but the gathered embedding table) at the copy bandwidth; a prefill
   does its FLOPs (the decoder over the prompt, both towers and the projector over the
   patches) at the matmul rate, or streams its weights, whichever is longer; a step is a
-  prefill plus a decode step per further action token.
+  prefill plus a decode step per further action token. ``batch_floor``: the same for N
+  robots in one batch, each decode step also reading every robot's KV.
 - ``H200Measurements``: what the prepared GPU run (``python -m bench.gpu_check``) measured on
   an NVIDIA H200, runs A and B (their results JSON are in the git history). From them a
   ``HardwareCostModel`` (``vla_sched/testing/sim_runner.py``) in three calibrations:
@@ -197,6 +198,42 @@ def step_floor(shape: ModelShape, rates: DeviceRates) -> Floor:
         prefill_ms=prefill_s * 1e3,
         decode_ms=decode_s * 1e3,
         step_ms=(prefill_s + (shape.num_action_tokens - 1) * decode_s) * 1e3,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class BatchFloor:
+    """The floor of N robots' control steps run as one batch (milliseconds)."""
+
+    num_robots: int
+    prefill_ms: float  # every robot's prefill in one pass
+    decode_ms: float  # the first decode step of every robot
+    step_ms: float
+
+
+def batch_floor(shape: ModelShape, rates: DeviceRates, num_robots: int) -> BatchFloor:
+    """The floor of ``num_robots`` robots' steps as one batch: one prefill pass of all their
+    FLOPs at the matmul rate (or its weights at the copy bandwidth, whichever is longer),
+    then each further action token's decode step streaming the decoder's weights and every
+    robot's KV so far (``step_floor`` leaves one robot's KV out: under 5% of its decode
+    step at openvla-7b's 280-token prompt)."""
+    if num_robots < 1:
+        raise ValueError(f'num_robots must be >= 1, got {num_robots}')
+    copy_bps = rates.copy_gb_per_s * 1e9
+    weight_s = (shape.decoder_params + shape.vision_params) * shape.bytes_per_param / copy_bps
+    prefill_flops = num_robots * shape.prefill_flops
+    prefill_s = max(prefill_flops / (rates.matmul_tflops * 1e12), weight_s)
+    decoder_s = shape.decoder_params * shape.bytes_per_param / copy_bps
+    kv_s = num_robots * shape.kv_bytes_per_token / copy_bps
+    # Decode step k attends over the prompt and k action tokens (as ``physical_bounds``).
+    decode_s = [
+        decoder_s + (shape.prompt_len + k) * kv_s for k in range(1, shape.num_action_tokens)
+    ]
+    return BatchFloor(
+        num_robots=num_robots,
+        prefill_ms=prefill_s * 1e3,
+        decode_ms=decode_s[0] * 1e3,
+        step_ms=(prefill_s + sum(decode_s)) * 1e3,
     )
 
 
