@@ -3,6 +3,8 @@ it writes (only the caller's), and images encoded once per content."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -110,3 +112,25 @@ def test_an_image_off_its_span_is_refused(oft):
     )
     with pytest.raises(ValueError, match=r'request a: image 0 spans \[2, 258\)'):
         runner_for(model, slots).forward_actions(make_batch(slots, [step]), states=[STATE])
+
+
+def test_launch_runs_a_prefill_only_batch_with_its_states(oft):
+    model, builder = oft
+    slots = PagedSlots(num_rows=2, max_context_len=1024, num_pages=512, seed=5)
+    steps = [
+        make_step(builder, 'a', 0, 'stack the cups', (1, 2)),
+        make_step(builder, 'b', 1, 'open the drawer', (3, 4)),
+    ]
+    batch = make_batch(slots, steps)
+    runner = runner_for(model, slots)
+    expected = runner.forward_actions(batch, states=[STATE, -STATE])
+    with pytest.raises(ValueError, match='prefill-only'):
+        runner.launch(batch)
+    prefill_only = dataclasses.replace(
+        batch, prefill_only=True, sample=(True, True), proprio=(STATE, -STATE)
+    )
+    output = runner.launch(prefill_only).result()
+    assert output.next_token_ids == (-1, -1)
+    for ours, want in zip(output.action_chunks, expected, strict=True):
+        assert ours.shape == (8, 7) and ours.dtype == np.float32
+        np.testing.assert_allclose(ours, want, rtol=1e-5, atol=1e-6)

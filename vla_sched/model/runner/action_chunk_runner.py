@@ -18,7 +18,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from vla_sched.core.forward_batch import ForwardBatch, ForwardMode
+from vla_sched.core.forward_batch import ForwardBatch, ForwardMode, ForwardOutput
 from vla_sched.model.config.openvla_oft import OFT_STOP_TOKEN_ID
 from vla_sched.model.layers.attention import AttentionMetadata
 from vla_sched.model.layers.decoder import KVCache
@@ -29,8 +29,21 @@ from vla_sched.model.prompting.oft_prompt import OFTSequence
 from vla_sched.model.runner.step_inputs import check_batch
 
 
+class FinishedActions:
+    """A step whose action chunks are already on the host (``ResultHandle``)."""
+
+    def __init__(self, output: ForwardOutput) -> None:
+        self._output = output
+
+    def result(self) -> ForwardOutput:
+        return self._output
+
+
 class ParallelActionRunner:
     """Runs batches of OFT steps on a paged KV cache and returns their action chunks.
+
+    ``launch`` is the scheduler's ``BatchRunner`` call (a prefill-only ``ForwardBatch`` with
+    its states in ``proprio``); ``forward_actions`` takes the states as an argument.
 
     Args:
         model: The loaded OFT model.
@@ -87,6 +100,27 @@ class ParallelActionRunner:
     def chunk_shape(self) -> tuple[int, int]:
         """``(chunk_len, action_dim)`` of one request's result."""
         return self.model.spec.chunk_len, self.model.spec.action_dim
+
+    def launch(self, batch: ForwardBatch) -> FinishedActions:
+        """Run a prefill-only batch (``batch.proprio``: each request's state, or empty when
+        the settings use none) and return its chunks as ``ForwardOutput.action_chunks``.
+
+        The chunks are copied to the host before this returns (the call is synchronous).
+
+        Raises:
+            ValueError, IndexError: for a batch that is not prefill-only, or naming the
+                request whose inputs are wrong.
+        """
+        num_reqs = batch.batch_size
+        if batch.forward_mode is ForwardMode.IDLE or num_reqs == 0:
+            return FinishedActions(ForwardOutput(next_token_ids=(), action_chunks=()))
+        if not batch.prefill_only:
+            raise ValueError('an OFT model runs prefill-only batches (one whole pass per step)')
+        states = batch.proprio if batch.proprio else (None,) * num_reqs
+        actions = self.forward_actions(batch, states=states)
+        return FinishedActions(
+            ForwardOutput(next_token_ids=(-1,) * num_reqs, action_chunks=tuple(actions))
+        )
 
     def layouts(self, batch: ForwardBatch) -> list[OFTSequence]:
         """Each request's sequence layout, checked against its ids and images.
@@ -218,8 +252,8 @@ class ParallelActionRunner:
                     f'got {None if values is None else values.shape}'
                 )
             normalized.append(bounds.normalize(values))
-        model_dtype = self.model.dtype
-        tensor = torch.from_numpy(np.stack(normalized)).to(model_dtype)
+        # float64 -> float32 -> model dtype, as upstream's torch.Tensor(proprio).to(dtype)
+        tensor = torch.from_numpy(np.stack(normalized).astype(np.float32)).to(self.model.dtype)
         return self.model.proprio_projector(to_device(tensor, self.device))
 
     def _place_images(self, batch: ForwardBatch, embeds: torch.Tensor, starts: list[int]) -> None:
