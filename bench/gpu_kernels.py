@@ -4,10 +4,19 @@ For each kernel (decode attention, extend attention, KV store) the script checks
 output against the float32 torch reference (bf16 and fp16 with ragged lengths, fp32, a
 CUDA-graph replay, and every timed shape in bf16 and again in fp16), then times it
 (``bench.lib.device_timing.Timer``: CUDA events, the median of many launches, rotating over
-several independent input sets, the L2 cache flushed before every launch). It prints
-achieved GB/s next to the measured device-to-device copy bandwidth, with torch SDPA over
-KV gathered through the same slot table (and index_put for the store) as the baseline.
-Shapes: batch 1 to 128, context 256 to 8192, a Llama-style GQA layer by default.
+several independent input sets, the L2 cache flushed before every launch). Each launch is
+timed twice: replayed from a CUDA graph (its device time, as the model's graphs run it;
+GB/s and the speed-up come from this) and launched from Python (host time included, the
+only timing before). It prints achieved GB/s next to the measured device-to-device copy
+bandwidth, with torch SDPA over KV gathered through the same slot table (and index_put for
+the store), also replayed from a graph, as the baseline. Shapes: batch 1 to 128, context
+256 to 8192, a Llama-style GQA layer by default.
+
+Then a sweep, bounded in time, times the launch configs of ``kernels/attention_configs.py``
+against their alternatives on the largest shapes (decode: the rule's tiles at other split
+counts, the previous tiles, SGLang's and two more; extend: the previous launch, SGLang's,
+the rule without GQA packing and with 2 stages), so a run shows whether the rule picks the
+fastest.
 
 The prepared GPU run runs the same checks and timings, on fewer shapes, as its ``kernels``
 part. Usage, from the repository root::
@@ -57,12 +66,19 @@ class BenchPlan:
     store_token_counts: tuple[int, ...] = (1, 32, 128, 2048, 8192)
     num_input_sets: int = 3
     num_reps: int = 30
+    # The sweep starts no candidate past this many seconds into run_kernels (the rule's own
+    # launch always runs): the prepared run's kernels part has 75 s in all.
+    sweep_until_s: float = 55.0
 
     def __post_init__(self) -> None:
         if self.num_kv_heads < 1 or self.num_q_heads % self.num_kv_heads:
             raise ValueError('num_q_heads must be a positive multiple of num_kv_heads')
         if self.num_input_sets < 1 or self.num_reps < 1:
             raise ValueError('num_input_sets and num_reps must be >= 1')
+
+    @property
+    def group(self) -> int:
+        return self.num_q_heads // self.num_kv_heads
 
 
 def make_plan(args: argparse.Namespace) -> BenchPlan:
@@ -110,20 +126,28 @@ def check_close(name: str, actual: torch.Tensor, expected: torch.Tensor) -> None
         raise AssertionError(f'{name}: relative error {error:.2e} exceeds {tolerance:.0e}')
 
 
-def decode_set(plan: BenchPlan, seq_lens: list[int], seed: int, num_sms: int) -> dict:
-    """Keyword arguments of one decode launch, scratch buffers included."""
+def rule_splits(plan: BenchPlan, seq_lens: torch.Tensor, num_sms: int, config=None):
+    """Each request's split count by the rule, for ``config`` (the rule's launch if None)."""
     from vla_sched.kernels.decode_attention import choose_num_kv_splits
 
-    batch_size, num_q_heads = len(seq_lens), plan.num_q_heads
-    q = torch.randn((batch_size, num_q_heads, plan.head_dim), device=plan.device)
-    seq_lens_t = torch.tensor(seq_lens, device=plan.device)
-    splits = choose_num_kv_splits(
-        seq_lens=seq_lens_t,
-        num_q_heads=num_q_heads,
+    return choose_num_kv_splits(
+        seq_lens=seq_lens,
+        num_q_heads=plan.num_q_heads,
         num_kv_heads=plan.num_kv_heads,
         max_kv_splits=MAX_KV_SPLITS,
         num_sms=num_sms,
+        head_dim=plan.head_dim,
+        itemsize=plan.dtype.itemsize,
+        config=config,
     )
+
+
+def decode_set(plan: BenchPlan, seq_lens: list[int], seed: int, num_sms: int) -> dict:
+    """Keyword arguments of one decode launch, scratch buffers included."""
+    batch_size, num_q_heads = len(seq_lens), plan.num_q_heads
+    q = torch.randn((batch_size, num_q_heads, plan.head_dim), device=plan.device)
+    seq_lens_t = torch.tensor(seq_lens, device=plan.device)
+    splits = rule_splits(plan, seq_lens_t, num_sms)
     scratch_shape = (batch_size, num_q_heads, MAX_KV_SPLITS)
     return dict(
         paged_cache(plan, seq_lens, seed),
@@ -161,10 +185,10 @@ def extend_set(plan: BenchPlan, prefix_lens: list[int], extend_lens: list[int], 
     )
 
 
-def run_decode(inputs: dict) -> None:
+def run_decode(inputs: dict, config=None) -> None:
     from vla_sched.kernels.decode_attention import decode_attention
 
-    decode_attention(**inputs)
+    decode_attention(**inputs, config=config)
 
 
 def decode_ref(inputs: dict) -> torch.Tensor:
@@ -173,10 +197,13 @@ def decode_ref(inputs: dict) -> torch.Tensor:
     return decode_attention_torch(**{k: v for k, v in inputs.items() if k not in SCRATCH_KEYS})
 
 
-def run_extend(inputs: dict, max_extend_len: int) -> torch.Tensor:
-    from vla_sched.kernels.extend_attention import run_extend_attention
+def run_extend(inputs: dict, max_extend_len: int, config=None) -> torch.Tensor:
+    from vla_sched.kernels.extend_attention import extend_attention
 
-    return run_extend_attention(**inputs, max_extend_len=max_extend_len, backend='triton')
+    q, v_cache = inputs['q'], inputs['v_cache']
+    out = q.new_empty((q.shape[0], q.shape[1], v_cache.shape[2]))
+    extend_attention(**inputs, max_extend_len=max_extend_len, out=out, config=config)
+    return out
 
 
 def extend_ref(inputs: dict) -> torch.Tensor:
@@ -227,13 +254,52 @@ def _sdpa_over_gathered(s: dict, query: torch.Tensor, mask: torch.Tensor | None)
     )
 
 
+def graph_median_ms(timer: Timer, fn, sets: list[dict]) -> float:
+    """Median device time of ``fn`` replayed from a CUDA graph captured per input set (the
+    way the model's graphs run the kernels: no host time between the launches), the L2
+    flushed before each replay; off CUDA the host clock of plain calls."""
+    if not timer.is_cuda:
+        return timer.median_ms(fn, sets)
+    graphs = []
+    for inputs in sets:
+        fn(inputs)  # compile and allocate outside the capture
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn(inputs)
+        graphs.append({'graph': graph})
+    return timer.median_ms(lambda g: g['graph'].replay(), graphs)
+
+
 def _measure(timer: Timer, sets: list[dict], run, baseline, num_bytes: int, flops: float = 0):
-    """Times the kernel and the baseline; returns the table columns they fill."""
-    ms = timer.median_ms(run, sets)
-    gbs = num_bytes / ms / 1e6
+    """Times the kernel (graph replay and Python launch) and the baseline (graph replay);
+    returns the table columns they fill."""
+    ms = graph_median_ms(timer, run, sets)
     return dict(
-        ms=ms, gbs=gbs, tflops=flops / ms / 1e9, baseline_ms=timer.median_ms(baseline, sets)
+        ms=ms,
+        launch_ms=timer.median_ms(run, sets) if timer.is_cuda else ms,
+        gbs=num_bytes / ms / 1e6,
+        tflops=flops / ms / 1e9,
+        baseline_ms=graph_median_ms(timer, baseline, sets),
     )
+
+
+def decode_bytes(plan: BenchPlan, batch_size: int, context_len: int) -> int:
+    """Bytes a decode launch must move: K/V of every position, q in and out, slot ids."""
+    kv_elements = 2 * batch_size * context_len * plan.num_kv_heads * plan.head_dim
+    q_elements = batch_size * plan.num_q_heads * plan.head_dim
+    return (kv_elements + 2 * q_elements) * plan.dtype.itemsize + 4 * batch_size * context_len
+
+
+def extend_bytes_and_flops(plan: BenchPlan, batch_size: int, prefix_len: int) -> tuple[int, float]:
+    """Bytes an extend launch must move (K/V of every position, q in and out) and its
+    attention FLOPs (causal pairs only)."""
+    ext = plan.extend_len
+    kv_elements = 2 * batch_size * (prefix_len + ext) * plan.num_kv_heads * plan.head_dim
+    q_elements = batch_size * ext * plan.num_q_heads * plan.head_dim
+    pairs = batch_size * ext * (prefix_len + (ext + 1) / 2)  # query-key pairs computed
+    num_bytes = (kv_elements + 2 * q_elements) * plan.dtype.itemsize
+    return num_bytes, 4 * pairs * plan.num_q_heads * plan.head_dim
 
 
 def bench_decode(plan: BenchPlan, timer: Timer, num_sms: int) -> list[dict]:
@@ -244,9 +310,7 @@ def bench_decode(plan: BenchPlan, timer: Timer, num_sms: int) -> list[dict]:
         run_decode(sets[0])
         label = f'decode b={batch_size} ctx={context_len}'
         check_close(label, sets[0]['out'], decode_ref(sets[0]))
-        kv_bytes = 2 * batch_size * context_len * plan.num_kv_heads * plan.head_dim
-        num_bytes = (kv_bytes + 2 * sets[0]['q'].numel()) * plan.dtype.itemsize
-        num_bytes += 4 * batch_size * context_len  # slot ids
+        num_bytes = decode_bytes(plan, batch_size, context_len)
 
         def sdpa(s: dict) -> torch.Tensor:
             return _sdpa_over_gathered(s, s['q'][:, :, None], None)
@@ -266,9 +330,7 @@ def bench_extend(plan: BenchPlan, timer: Timer) -> list[dict]:
         check_close(label, run_extend(sets[0], ext), extend_ref(sets[0]))
         positions = torch.arange(prefix_len + ext, device=plan.device)
         mask = positions[None, :] <= positions[prefix_len:, None]
-        kv_bytes = 2 * batch_size * (prefix_len + ext) * plan.num_kv_heads * plan.head_dim
-        num_bytes = (kv_bytes + 2 * sets[0]['q'].numel()) * plan.dtype.itemsize
-        pairs = batch_size * ext * (prefix_len + (ext + 1) / 2)  # query-key pairs computed
+        num_bytes, flops = extend_bytes_and_flops(plan, batch_size, prefix_len)
 
         def sdpa(s: dict, mask=mask, batch_size=batch_size) -> torch.Tensor:
             query = s['q'].view(batch_size, ext, plan.num_q_heads, -1).transpose(1, 2)
@@ -277,7 +339,6 @@ def bench_extend(plan: BenchPlan, timer: Timer) -> list[dict]:
         def run(s: dict) -> torch.Tensor:
             return run_extend(s, ext)
 
-        flops = 4 * pairs * plan.num_q_heads * plan.head_dim
         columns = _measure(timer, sets, run, sdpa, num_bytes, flops)
         rows.append(
             dict(kernel='extend', batch=batch_size, context=f'{prefix_len}+{ext}', **columns)
@@ -316,6 +377,169 @@ def bench_store(plan: BenchPlan, timer: Timer) -> list[dict]:
     return rows
 
 
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """One launch the sweep times: a config, and for decode a fixed split count (None: the
+    rule's split counts for that config)."""
+
+    label: str
+    config: Any
+    num_splits: int | None = None
+
+
+def describe(config: Any) -> str:
+    """A config in a table cell, e.g. ``h16 n64 w4 s3`` or ``m128 n64 h4 w8 s3``."""
+    if hasattr(config, 'block_h'):
+        return f'h{config.block_h} n{config.block_n} w{config.num_warps} s{config.num_stages}'
+    return (
+        f'm{config.block_m} n{config.block_n} h{config.heads_per_program} '
+        f'w{config.num_warps} s{config.num_stages}'
+    )
+
+
+def sweep_candidates(plan: BenchPlan, kernel: str) -> list[Candidate]:
+    """The rule's launch first, then its alternatives; off CUDA (the dry run) only three:
+    the sweep's code is checked, not its timings."""
+    from vla_sched.kernels import attention_configs as configs
+
+    shape = dict(
+        head_dim=plan.head_dim,
+        group=plan.group,
+        itemsize=plan.dtype.itemsize,
+        on_gpu=plan.device.type == 'cuda',
+    )
+    if kernel == 'decode':
+        rule = configs.decode_config(**shape)
+        fixed = [Candidate(f'rule tiles, {n} splits', rule, n) for n in (1, 2, 4, 8)]
+        others = [Candidate(k, c) for k, c in configs.decode_alternatives(rule).items()]
+    else:
+        rule = configs.extend_config(**shape)
+        fixed = []
+        others = [Candidate(k, c) for k, c in configs.extend_alternatives(rule).items()]
+    candidates = [Candidate('rule', rule), *fixed, *others]
+    if plan.device.type != 'cuda':
+        return [candidates[0], candidates[-1], candidates[1]]
+    return candidates
+
+
+def _sweep(deadline, shapes, candidates, timed_row) -> tuple[list, list]:
+    """Times each candidate on each shape, candidate by candidate (one compile each); past
+    ``deadline`` only the rule (the first) still runs."""
+    rows, skipped = [], []
+    for index, candidate in enumerate(candidates):
+        for shape in shapes:
+            if index and time.perf_counter() > deadline:
+                skipped.append(f'{candidate.label} at {shape}')
+                continue
+            rows.append(timed_row(candidate, shape))
+    return rows, skipped
+
+
+def sweep_decode(plan: BenchPlan, timer: Timer, num_sms: int, deadline: float) -> dict:
+    """The decode launches of the largest shapes: the rule against the alternatives."""
+    shapes = [(b, c) for b in plan.batch_sizes[-2:] for c in plan.context_lens[-2:]]
+    if plan.device.type != 'cuda':
+        shapes = shapes[-1:]
+    sets = {
+        shape: [decode_set(plan, [shape[1]] * shape[0], seed, num_sms) for seed in range(2)]
+        for shape in shapes
+    }
+    refs = {shape: decode_ref(sets[shape][0]) for shape in shapes}
+
+    def timed_row(candidate: Candidate, shape: tuple[int, int]) -> dict:
+        batch_size, context_len = shape
+        lens = sets[shape][0]['seq_lens']
+        if candidate.num_splits is None:
+            splits = rule_splits(plan, lens, num_sms, candidate.config)
+        else:
+            splits = torch.full_like(lens, candidate.num_splits, dtype=torch.int32)
+        runs = [dict(s, num_kv_splits=splits) for s in sets[shape]]
+
+        def run(s: dict) -> None:
+            run_decode(s, candidate.config)
+
+        run(runs[0])
+        label = f'decode {candidate.label} b={batch_size} ctx={context_len}'
+        check_close(label, runs[0]['out'], refs[shape])
+        ms = graph_median_ms(timer, run, runs)
+        return dict(
+            kernel='decode',
+            batch=batch_size,
+            context=str(context_len),
+            candidate=candidate.label,
+            config=describe(candidate.config),
+            splits=int(splits[0]),
+            ms=ms,
+            gbs=decode_bytes(plan, batch_size, context_len) / ms / 1e6,
+        )
+
+    rows, skipped = _sweep(deadline, shapes, sweep_candidates(plan, 'decode'), timed_row)
+    return dict(rows=rows, skipped=skipped)
+
+
+def sweep_extend(plan: BenchPlan, timer: Timer, deadline: float) -> dict:
+    """The extend launches of the largest batch over the longest prefixes: the rule against
+    the alternatives."""
+    ext = plan.extend_len
+    shapes = [(plan.extend_batch_sizes[-1], c) for c in plan.context_lens[-2:]]
+    if plan.device.type != 'cuda':
+        shapes = shapes[-1:]
+    sets = {
+        shape: [extend_set(plan, [shape[1]] * shape[0], [ext] * shape[0], s) for s in range(2)]
+        for shape in shapes
+    }
+    refs = {shape: extend_ref(sets[shape][0]) for shape in shapes}
+
+    def timed_row(candidate: Candidate, shape: tuple[int, int]) -> dict:
+        batch_size, prefix_len = shape
+
+        def run(s: dict) -> torch.Tensor:
+            return run_extend(s, ext, candidate.config)
+
+        label = f'extend {candidate.label} b={batch_size} prefix={prefix_len}'
+        check_close(label, run(sets[shape][0]), refs[shape])
+        ms = graph_median_ms(timer, run, sets[shape])
+        num_bytes, flops = extend_bytes_and_flops(plan, batch_size, prefix_len)
+        return dict(
+            kernel='extend',
+            batch=batch_size,
+            context=f'{prefix_len}+{ext}',
+            candidate=candidate.label,
+            config=describe(candidate.config),
+            splits=None,
+            ms=ms,
+            gbs=num_bytes / ms / 1e6,
+            tflops=flops / ms / 1e9,
+        )
+
+    rows, skipped = _sweep(deadline, shapes, sweep_candidates(plan, 'extend'), timed_row)
+    return dict(rows=rows, skipped=skipped)
+
+
+def sweep_verdicts(rows: list[dict], baselines: dict[tuple, float]) -> list[dict]:
+    """Per swept shape: the fastest candidate, the rule's time over it, and the rule against
+    the main table's baseline (SDPA) of that shape."""
+    verdicts = []
+    shapes = dict.fromkeys((r['kernel'], r['batch'], r['context']) for r in rows)
+    for shape in shapes:
+        timed = [r for r in rows if (r['kernel'], r['batch'], r['context']) == shape]
+        rule = next(r for r in timed if r['candidate'] == 'rule')
+        best = min(timed, key=lambda r: r['ms'])
+        baseline = baselines.get(shape)
+        verdicts.append(
+            dict(
+                kernel=shape[0],
+                batch=shape[1],
+                context=shape[2],
+                fastest=best['candidate'],
+                rule_over_fastest=rule['ms'] / best['ms'],
+                rule_over_baseline=rule['ms'] / baseline if baseline else None,
+                num_timed=len(timed),
+            )
+        )
+    return verdicts
+
+
 def check_shapes_in(plan: BenchPlan, dtype: torch.dtype, num_sms: int) -> str:
     """Every decode and extend shape of ``plan`` once more in ``dtype``, against the
     reference (the timed runs check them in ``plan.dtype``)."""
@@ -345,6 +569,7 @@ def run_kernels(
     ``copy_gb_per_s`` is the device's copy bandwidth the rows are set against (measured
     here when not given); ``extra_dtype`` checks every timed shape again in that dtype.
     """
+    started = time.perf_counter()
     torch.backends.cuda.matmul.allow_tf32 = False  # the fp32 references must be exact fp32
     on_gpu = plan.device.type == 'cuda'
     num_sms = torch.cuda.get_device_properties(plan.device).multi_processor_count if on_gpu else 1
@@ -362,6 +587,14 @@ def run_kernels(
     for row in rows:
         row['copy_share'] = row['gbs'] / copy_gb_per_s
         row['context'] = str(row['context'])
+    progress(f'timed {len(rows)} shapes at {time.perf_counter() - started:.0f} s; sweeping')
+    deadline = started + plan.sweep_until_s
+    decode_sweep = sweep_decode(plan, timer, num_sms, deadline)
+    extend_sweep = sweep_extend(plan, timer, deadline)
+    sweep_rows = decode_sweep['rows'] + extend_sweep['rows']
+    for row in sweep_rows:
+        row['copy_share'] = row['gbs'] / copy_gb_per_s
+    baselines = {(r['kernel'], r['batch'], r['context']): r['baseline_ms'] for r in rows}
     target = [
         r['copy_share']
         for r in rows
@@ -381,21 +614,27 @@ def run_kernels(
         'copy_gb_per_s': copy_gb_per_s,
         'rows': rows,
         'decode_worst_copy_share': min(target) if target else None,
+        'sweep': {
+            'rows': sweep_rows,
+            'skipped': decode_sweep['skipped'] + extend_sweep['skipped'],
+            'verdicts': sweep_verdicts(sweep_rows, baselines),
+        },
     }
 
 
 def markdown_lines(result: dict[str, Any]) -> list[str]:
-    """The kernels' report: a heading, what was checked, a row per timed shape; the
-    baseline is SDPA over gathered KV (index_put for store_kv)."""
+    """The kernels' report: a heading, what was checked, a row per timed shape (the baseline
+    is SDPA over gathered KV, index_put for store_kv), then the sweep of launch configs."""
     s = result['shape']
     rows = [
-        [r['kernel'], r['batch'], r['context'], f'{r["ms"]:.3f}', f'{r["gbs"]:.0f}',
-         f'{100 * r["copy_share"]:.0f}%', f'{r["tflops"]:.1f}' if r['tflops'] else '-',
-         f'{r["baseline_ms"]:.3f}', f'{r["baseline_ms"] / r["ms"]:.2f}x']
+        [r['kernel'], r['batch'], r['context'], f'{r["ms"]:.3f}', f'{r["launch_ms"]:.3f}',
+         f'{r["gbs"]:.0f}', f'{100 * r["copy_share"]:.0f}%',
+         f'{r["tflops"]:.1f}' if r['tflops'] else '-', f'{r["baseline_ms"]:.3f}',
+         f'{r["baseline_ms"] / r["ms"]:.2f}x']
         for r in result['rows']
     ]  # fmt: skip
-    headers = ['kernel', 'batch (tokens)', 'context', 'triton ms', 'GB/s', 'of copy']
-    headers += ['TFLOP/s', 'baseline ms', 'speed-up']
+    headers = ['kernel', 'batch (tokens)', 'context', 'graph ms', 'launch ms', 'GB/s']
+    headers += ['of copy', 'TFLOP/s', 'baseline graph ms', 'speed-up']
     worst = result['decode_worst_copy_share']
     lines = [
         f'## Kernels on {result["device"]} (Hq={s["num_q_heads"]}, Hkv={s["num_kv_heads"]}, '
@@ -404,7 +643,9 @@ def markdown_lines(result: dict[str, Any]) -> list[str]:
         '',
         'Checked against the float32 reference: ' + '; '.join(result['checks']) + '.',
         f'"of copy": of the device-to-device copy bandwidth, {result["copy_gb_per_s"]:.0f} GB/s '
-        '(reads + writes).',
+        '(reads + writes). "graph ms": the launch replayed from a CUDA graph (device time; '
+        'GB/s, TFLOP/s and the speed-up use it); "launch ms": launched from Python, host '
+        'time included.',
         '',
         markdown_table(headers, rows),
     ]
@@ -414,6 +655,36 @@ def markdown_lines(result: dict[str, Any]) -> list[str]:
             f'Decode at batch >= 32 and context >= 2048: worst {100 * worst:.0f}% of copy '
             'bandwidth (target 70%).',
         ]
+    return lines + sweep_lines(result['sweep'])
+
+
+def sweep_lines(sweep: dict[str, Any]) -> list[str]:
+    """The sweep's table (graph replay; decode's "splits" is each request's count) and, per
+    shape, the fastest launch and the rule's time over it."""
+    rows = [
+        [r['kernel'], r['batch'], r['context'], r['candidate'], r['config'],
+         r['splits'] if r['splits'] is not None else '-', f'{r["ms"]:.3f}', f'{r["gbs"]:.0f}',
+         f'{100 * r["copy_share"]:.0f}%']
+        for r in sweep['rows']
+    ]  # fmt: skip
+    headers = ['kernel', 'batch', 'context', 'launch', 'config', 'splits', 'graph ms', 'GB/s']
+    lines = [
+        '',
+        '### Launch configs against the alternatives (graph replay)',
+        '',
+        markdown_table([*headers, 'of copy'], rows),
+        '',
+    ]
+    for v in sweep['verdicts']:
+        against = ''
+        if v['rule_over_baseline'] is not None:
+            against = f"; rule {v['rule_over_baseline']:.2f}x the SDPA baseline's time"
+        lines.append(
+            f'- {v["kernel"]} b={v["batch"]} ctx={v["context"]}: fastest of {v["num_timed"]} '
+            f'is "{v["fastest"]}"; rule {v["rule_over_fastest"]:.2f}x its time{against}.'
+        )
+    if sweep['skipped']:
+        lines.append('- Not timed (time budget): ' + '; '.join(sweep['skipped']) + '.')
     return lines
 
 

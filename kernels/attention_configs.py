@@ -18,8 +18,8 @@ so a captured graph follows the lengths it replays:
   the sm_90 TTGIR shows the slot ids loaded synchronously inside the loop, a full memory
   latency per tile); at 3 the slot ids run two tiles ahead and K/V one;
 - ``programs_per_sm``: stage-1 programs one SM holds at once, from the registers and shared
-  memory of the sm_90 build (test/kernels/sm90_compile.py checks it): 80 registers x 128
-  threads and about 39 KB of shared memory leave room for 5.
+  memory of the sm_90 build (test/kernels/sm90_compile.py checks it): with 16 query heads,
+  80 registers x 128 threads and about 39 KB of shared memory leave room for 5.
 
 Extend (``ExtendConfig``), keyed by head dim, GQA group and dtype: 128 query rows by 64
 keys per tile, 8 warps (4 for head dims up to 64), after SGLang's sm_90 extend tiles;
@@ -43,6 +43,10 @@ MIN_HEADS_PER_PROGRAM = 16
 MAX_HEADS_PER_PROGRAM = 64
 # Packed extend programs hold at least this many tokens of each of their group's heads.
 MIN_PACKED_TOKENS = 4
+# Stage-1 programs an sm_90 SM holds with the rule's bf16 tiles (64 rows, 4 warps, 3 stages,
+# head dim up to 128), by query heads per program: 80, 128 and 210 registers per thread and
+# 39, 46 and 82 KB of shared memory in the sm_90 build (test/kernels/sm90_compile.py).
+RESIDENT_DECODE_PROGRAMS = {16: 5, 32: 4, 64: 2}
 
 
 def _next_power_of_2(value: int) -> int:
@@ -93,23 +97,24 @@ def decode_config(*, head_dim: int, group: int, itemsize: int, on_gpu: bool) -> 
         return DecodeConfig(block_h, 8, 8, 4, 1, 1)
     if itemsize == 4:
         return DecodeConfig(block_h, 32, 64, 8, 2, 2)
-    block_n = 64 if head_dim <= 128 else 32
-    return DecodeConfig(block_h, block_n, block_n, 4, 3, 5 if head_dim <= 128 else 3)
+    if head_dim > 128:
+        return DecodeConfig(block_h, 32, 32, 4, 3, 2)
+    return DecodeConfig(block_h, 64, 64, 4, 3, RESIDENT_DECODE_PROGRAMS[block_h])
 
 
 def decode_alternatives(config: DecodeConfig) -> dict[str, DecodeConfig]:
     """Tiles the benchmark times against the rule's on bf16/fp16: the previous launch (64
     rows, 2 stages), SGLang's grouped decode tiles (32 rows, 2 stages), a deeper pipeline
-    and wider tiles. Resident programs come from their sm_90 builds."""
+    and wider tiles. Resident programs come from their sm_90 builds at 16 query heads."""
     return {
         'n64 w4 s2 (before)': config.with_tiles(
             block_n=64, num_warps=4, num_stages=2, programs_per_sm=5
         ),
         'n32 w4 s2 (SGLang)': config.with_tiles(
-            block_n=32, num_warps=4, num_stages=2, programs_per_sm=6
+            block_n=32, num_warps=4, num_stages=2, programs_per_sm=8
         ),
-        'n64 w4 s4': config.with_tiles(block_n=64, num_warps=4, num_stages=4, programs_per_sm=3),
-        'n128 w8 s3': config.with_tiles(block_n=128, num_warps=8, num_stages=3, programs_per_sm=2),
+        'n64 w4 s4': config.with_tiles(block_n=64, num_warps=4, num_stages=4, programs_per_sm=5),
+        'n128 w8 s3': config.with_tiles(block_n=128, num_warps=8, num_stages=3, programs_per_sm=3),
     }
 
 

@@ -3,8 +3,10 @@
 The interpreter accepts programs that the GPU compiler rejects (dot shapes below 16,
 some type mixes), so the interpreter tests alone do not prove the kernels build for a GPU.
 Triton's compiler and its bundled ptxas run without a driver: this script compiles each
-kernel with the tile sizes its launcher picks on CUDA and prints one JSON line per variant
-with the registers and stack (spill) bytes ptxas reports.
+kernel with the launch configs its rule picks on CUDA (``kernels/attention_configs.py``) and
+the alternatives the benchmark times against them, and prints one JSON line per variant
+with the registers, stack (spill) bytes and shared memory of the build, and for decode the
+programs one SM can hold with them next to the ``programs_per_sm`` the config claims.
 
 Run with ``TRITON_INTERPRET`` unset (the kernels must be real JIT functions):
 ``python test/kernels/sm90_compile.py``.
@@ -20,14 +22,16 @@ import sys
 import tempfile
 from pathlib import Path
 
-import torch
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from triton.compiler import compile as triton_compile
 
-CUDA = torch.device('cuda')
-TORCH_DTYPES = {'bf16': torch.bfloat16, 'fp16': torch.float16, 'fp32': torch.float32}
+ITEMSIZES = {'bf16': 2, 'fp16': 2, 'fp32': 4}
+# Per SM on sm_90: shared memory (with 1 KB reserved per block), registers, resident blocks.
+SM90_SHARED_BYTES = 228 * 1024
+SM90_REGISTERS = 64 * 1024
+SM90_MAX_BLOCKS = 32
 POINTER_TYPES = {
     'req_to_token_ptr': '*i32',
     'num_kv_splits_ptr': '*i32',
@@ -65,6 +69,15 @@ def _signature(fn, constexprs: dict, dtype: str):
     return signature, constants, attrs
 
 
+def resident_programs(*, registers: int, shared_bytes: int, num_warps: int) -> int:
+    """Programs one sm_90 SM holds at once with this build's registers and shared memory
+    (registers are allocated per thread in multiples of 8)."""
+    threads = 32 * num_warps
+    by_registers = SM90_REGISTERS // (-(-registers // 8) * 8 * threads)
+    by_shared = SM90_SHARED_BYTES // (shared_bytes + 1024)
+    return min(by_registers, by_shared, SM90_MAX_BLOCKS)
+
+
 def compile_sm90(label: str, fn, constexprs: dict, dtype: str, num_warps: int, num_stages: int):
     """Compiles one variant and returns its ptxas resource usage."""
     signature, constants, attrs = _signature(fn, constexprs, dtype)
@@ -82,62 +95,102 @@ def compile_sm90(label: str, fn, constexprs: dict, dtype: str, num_warps: int, n
             check=True,
         ).stdout
     found = re.search(r'REG:(\d+) STACK:(\d+)', usage)
-    return dict(label=label, dtype=dtype, registers=int(found[1]), stack=int(found[2]))
+    registers, shared = int(found[1]), int(kernel.metadata.shared)
+    resident = resident_programs(registers=registers, shared_bytes=shared, num_warps=num_warps)
+    return dict(
+        label=label,
+        dtype=dtype,
+        registers=registers,
+        stack=int(found[2]),
+        shared=shared,
+        resident=resident,
+    )
 
 
 def _decode_variants():
     from vla_sched.kernels import _decode_attention_jit as jit
-    from vla_sched.kernels.decode_attention import HEADS_PER_PROGRAM
+    from vla_sched.kernels.attention_configs import decode_alternatives, decode_config
 
-    variants = [(64, 4, 'bf16'), (80, 4, 'bf16'), (96, 2, 'bf16'), (128, 1, 'bf16')]
+    variants = [(64, 4, 'bf16'), (80, 1, 'bf16'), (96, 2, 'bf16'), (128, 64, 'bf16')]
     variants += [(128, 32, 'fp16'), (128, 4, 'fp32')]
-    for head_dim, group, dtype in variants:
-        block_n, split_align, num_warps = jit._tile_sizes(CUDA, TORCH_DTYPES[dtype])
+    configs = [
+        (
+            f'd={d} group={group}',
+            d,
+            group,
+            dtype,
+            decode_config(head_dim=d, group=group, itemsize=ITEMSIZES[dtype], on_gpu=True),
+        )
+        for d, group, dtype in variants
+    ]
+    rule = decode_config(head_dim=128, group=4, itemsize=2, on_gpu=True)
+    configs += [
+        (f'd=128 group=4 {name}', 128, 4, 'bf16', config)
+        for name, config in decode_alternatives(rule).items()
+    ]
+    for label, head_dim, group, dtype, config in configs:
         block_d = triton.next_power_of_2(head_dim)
         constexprs = dict(
             NUM_Q_HEADS=8 * group,
             NUM_KV_HEADS=8,
             GROUP=group,
-            NUM_HEAD_BLOCKS=triton.cdiv(group, HEADS_PER_PROGRAM),
+            NUM_HEAD_BLOCKS=triton.cdiv(group, config.block_h),
             HEAD_DIM=head_dim,
             V_HEAD_DIM=head_dim,
             MAX_KV_SPLITS=8,
-            SPLIT_ALIGN=split_align,
-            BLOCK_H=HEADS_PER_PROGRAM,
-            BLOCK_N=block_n,
+            SPLIT_ALIGN=config.split_align,
+            BLOCK_H=config.block_h,
+            BLOCK_N=config.block_n,
             BLOCK_D=block_d,
             BLOCK_DV=block_d,
             DOT_FP32=dtype == 'fp32',
         )
-        label = f'decode_stage1 d={head_dim} group={group}'
-        yield label, jit._decode_stage1_kernel, constexprs, dtype, num_warps, 2
-    split_align = jit._tile_sizes(CUDA, torch.bfloat16)[1]
-    stage2 = dict(NUM_Q_HEADS=32, V_HEAD_DIM=80, MAX_KV_SPLITS=8, SPLIT_ALIGN=split_align)
-    yield 'decode_stage2 d=80', jit._decode_stage2_kernel, dict(stage2, BLOCK_DV=128), 'bf16', 4, 2
+        variant = (f'decode_stage1 {label}', jit._decode_stage1_kernel, constexprs, dtype)
+        yield (*variant, config.num_warps, config.num_stages), config.programs_per_sm
+    stage2 = dict(NUM_Q_HEADS=32, V_HEAD_DIM=80, MAX_KV_SPLITS=8, SPLIT_ALIGN=rule.split_align)
+    variant = ('decode_stage2 d=80', jit._decode_stage2_kernel, dict(stage2, BLOCK_DV=128))
+    yield (*variant, 'bf16', 4, 2), None
 
 
 def _extend_variants():
     from vla_sched.kernels import _extend_attention_jit as jit
+    from vla_sched.kernels.attention_configs import extend_alternatives, extend_config
 
-    variants = [(64, True, 'bf16'), (128, False, 'bf16'), (128, True, 'bf16')]
-    variants += [(80, True, 'fp16'), (128, True, 'fp32')]
-    for head_dim, spans, dtype in variants:
-        block_m, block_n, num_warps = jit._block_sizes(CUDA, TORCH_DTYPES[dtype], head_dim)
+    variants = [(64, 4, True, 'bf16'), (128, 1, False, 'bf16'), (128, 4, True, 'bf16')]
+    variants += [(80, 4, True, 'fp16'), (128, 4, True, 'fp32')]
+    configs = [
+        (
+            f'd={d} group={group} spans={spans}',
+            d,
+            group,
+            spans,
+            dtype,
+            extend_config(head_dim=d, group=group, itemsize=ITEMSIZES[dtype], on_gpu=True),
+        )
+        for d, group, spans, dtype in variants
+    ]
+    rule = extend_config(head_dim=128, group=4, itemsize=2, on_gpu=True)
+    configs += [
+        (f'd=128 group=4 {name}', 128, 4, False, 'bf16', config)
+        for name, config in extend_alternatives(rule).items()
+    ]
+    for label, head_dim, group, spans, dtype, config in configs:
         block_d = triton.next_power_of_2(head_dim)
         constexprs = dict(
             NUM_KV_HEADS=8,
-            GROUP=4,
+            GROUP=group,
+            HEADS_PER_PROGRAM=config.heads_per_program,
             HEAD_DIM=head_dim,
             V_HEAD_DIM=head_dim,
-            BLOCK_M=block_m,
-            BLOCK_N=block_n,
+            BLOCK_M=config.block_m,
+            BLOCK_N=config.block_n,
             BLOCK_D=block_d,
             BLOCK_DV=block_d,
             HAS_IMAGE_SPANS=spans,
             DOT_FP32=dtype == 'fp32',
         )
-        label = f'extend d={head_dim} spans={spans}'
-        yield label, jit._extend_kernel, constexprs, dtype, num_warps, 1
+        variant = (f'extend {label}', jit._extend_kernel, constexprs, dtype)
+        yield (*variant, config.num_warps, config.num_stages), None
 
 
 def _store_variants():
@@ -146,7 +199,7 @@ def _store_variants():
     constexprs = dict(
         NUM_KV_HEADS=8, HEAD_DIM=80, V_HEAD_DIM=80, BLOCK_H=8, BLOCK_D=128, BLOCK_DV=128
     )
-    yield 'store_kv d=80', jit._store_kv_kernel, constexprs, 'bf16', 4, 1
+    yield ('store_kv d=80', jit._store_kv_kernel, constexprs, 'bf16', 4, 1), None
 
 
 def main() -> int:
@@ -154,8 +207,11 @@ def main() -> int:
         print('unset TRITON_INTERPRET: the kernels must be JIT functions', file=sys.stderr)
         return 2
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-    for variant in (*_decode_variants(), *_extend_variants(), *_store_variants()):
-        print(json.dumps(compile_sm90(*variant)), flush=True)
+    for variant, claimed in (*_decode_variants(), *_extend_variants(), *_store_variants()):
+        result = compile_sm90(*variant)
+        if claimed is not None:
+            result['claimed_programs_per_sm'] = claimed
+        print(json.dumps(result), flush=True)
     return 0
 
 

@@ -1,5 +1,7 @@
 """Every kernel compiles for sm_90 (H100/H200) with Triton's bundled ptxas, no GPU needed,
-with the tiles its launcher picks on CUDA, and keeps everything in registers (no spills)."""
+with the launch configs its rule picks on CUDA and the benchmark's alternatives, keeps
+everything in registers (no spills), and fits on an SM as many decode programs at once as
+its config's split rule counts on."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from pathlib import Path
 SCRIPT = Path(__file__).resolve().parent / 'sm90_compile.py'
 
 
-def test_kernels_compile_for_sm90_without_spilling_registers():
+def test_kernels_compile_for_sm90_without_spilling_and_decode_fits_its_resident_count():
     env = {key: value for key, value in os.environ.items() if key != 'TRITON_INTERPRET'}
     result = subprocess.run(
         [sys.executable, str(SCRIPT)],
@@ -29,3 +31,7 @@ def test_kernels_compile_for_sm90_without_spilling_registers():
     assert {variant['dtype'] for variant in variants} == {'bf16', 'fp16', 'fp32'}
     for variant in variants:
         assert variant['stack'] == 0, variant
+        assert variant['resident'] >= variant.get('claimed_programs_per_sm', 1), variant
+    labels = [variant['label'] for variant in variants]
+    assert any('(SGLang)' in label for label in labels if label.startswith('decode_stage1'))
+    assert any('(before)' in label for label in labels if label.startswith('extend'))
