@@ -10,6 +10,7 @@ import pytest
 import torch
 from paged_kv_cases import build_paged_kv
 
+from vla_sched.kernels.attention_configs import DecodeConfig, ExtendConfig
 from vla_sched.kernels.decode_attention import decode_attention, decode_attention_torch
 from vla_sched.kernels.extend_attention import extend_attention, extend_attention_torch
 from vla_sched.kernels.store_kv import store_kv, store_kv_torch
@@ -175,6 +176,24 @@ def test_extend_rejects_new_kv_shapes_that_do_not_match_the_queries():
     inputs['k'] = torch.randn((4, 1, 64))
     with pytest.raises(ValueError, match=r'k must have shape \(5, 1, 64\)'):
         extend_attention(**inputs, max_extend_len=3, out=torch.empty((5, 2, 64)))
+
+
+def test_extend_rejects_heads_per_program_other_than_one_or_the_group():
+    out = torch.empty((5, 2, 64))
+    config = ExtendConfig(16, 8, 3, 4, 1)  # the group here is 2
+    with pytest.raises(ValueError, match='1 or the GQA group 2, got 3'):
+        extend_attention(**_extend_inputs(), max_extend_len=3, out=out, config=config)
+
+
+def test_launch_configs_reject_tiles_the_kernels_cannot_take():
+    with pytest.raises(ValueError, match='block_n must be a power of two, got 48'):
+        DecodeConfig(16, 48, 48, 4, 3, 5)
+    with pytest.raises(ValueError, match='split_align 32 must be a multiple of block_n 64'):
+        DecodeConfig(16, 64, 32, 4, 3, 5)
+    with pytest.raises(ValueError, match='num_stages and programs_per_sm'):
+        DecodeConfig(16, 64, 64, 4, 3, 0)
+    with pytest.raises(ValueError, match=r'heads_per_program must be in 1..block_m, got 32'):
+        ExtendConfig(16, 8, 32, 4, 1)
 
 
 def test_store_kv_rejects_out_of_range_and_duplicate_slots():
