@@ -31,4 +31,4 @@ def test_looked_up_tables_equal_tables_built_for_the_positions():
     looked_up = table.at(positions)
     torch.testing.assert_close(looked_up.cos, built.cos, rtol=0, atol=1e-6)
     torch.testing.assert_close(looked_up.signed_sin, built.signed_sin, rtol=0, atol=1e-6)
-    assert looked_up.cos.shape == (5, 1, 64)
+    assert looked_up.cos.shape == (5, 64)

@@ -2,8 +2,17 @@
 
 Tokens of all requests in a step are packed back to back (``[T, hidden]``, no padding);
 positions, cache slots and what each token attends to come from ``AttentionMetadata``.
-Parameter names match transformers' ``LlamaModel``/``Qwen2Model`` (``layers.0.self_attn
-.q_proj.weight``, ...), so a checkpoint's tensors load by name.
+
+The layers are built as vLLM and SGLang build Llama: q/k/v are one projection
+(``self_attn.qkv_proj``) and gate/up another (``mlp.gate_up_proj``), whose rows are the
+checkpoint's ``q_proj``/``k_proj``/``v_proj`` and ``gate_proj``/``up_proj`` tensors
+concatenated at load (``loading/weights.py``); every other parameter keeps transformers'
+name (``layers.0.input_layernorm.weight``, ...). Each layer hands the residual stream to the
+next one un-added, and the next norm adds it (``fused_add_rms_norm``); queries and keys are
+rotated in place in the QKV output (one ``rotary_embedding`` over both); SiLU and the
+product run as one ``silu_and_mul``. Those three run on the step's kernel backend
+(``meta.backend``: Triton on CUDA, their torch twins elsewhere), with transformers'
+arithmetic and rounding order.
 
 Inside a step the layers call their parts' ``forward`` directly: the module call machinery
 (hooks, which nothing here registers) would cost more than a small model's matmuls.
@@ -15,28 +24,35 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from vla_sched.kernels.activation import run_silu_and_mul
+from vla_sched.kernels.rms_norm import run_fused_add_rms_norm, run_rms_norm
+from vla_sched.kernels.rotary import run_rotary_embedding
 from vla_sched.model.config.architecture import DecoderSpec
 from vla_sched.model.layers.attention import AttentionMetadata, paged_attention
-from vla_sched.model.layers.rope import RopeTables, apply_rope, rope_inv_freq, rope_tables
+from vla_sched.model.layers.rope import RopeTables, rope_inv_freq, rope_tables
 
 KVCache = tuple[torch.Tensor, torch.Tensor]
 
 
 class RMSNorm(nn.Module):
-    """Root-mean-square norm computed in float32, scaled in the input dtype."""
+    """Root-mean-square norm computed in float32, scaled in the input dtype; ``add_and_norm``
+    adds the residual stream first and returns the new stream too."""
 
     def __init__(self, hidden_size: int, eps: float, *, device=None, dtype=None) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(hidden_size, device=device, dtype=dtype))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        input_dtype = x.dtype
-        if input_dtype == torch.float32:  # no casts to do: the fused op, same arithmetic
-            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
-        x32 = x.to(torch.float32)
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(input_dtype)
+    def forward(self, x: torch.Tensor, *, backend: str = 'auto') -> torch.Tensor:
+        return run_rms_norm(x=x, weight=self.weight, eps=self.eps, backend=backend)
+
+    def add_and_norm(
+        self, x: torch.Tensor, residual: torch.Tensor, *, backend: str = 'auto'
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(norm(x + residual), x + residual)``."""
+        return run_fused_add_rms_norm(
+            x=x, residual=residual, weight=self.weight, eps=self.eps, backend=backend
+        )
 
 
 def _linear(n_in: int, n_out: int, bias: bool, factory: dict) -> nn.Linear:
@@ -49,9 +65,8 @@ class SelfAttention(nn.Module):
     def __init__(self, spec: DecoderSpec, factory: dict) -> None:
         super().__init__()
         self.spec = spec
-        self.q_proj = _linear(spec.hidden_size, spec.q_size, spec.qkv_bias, factory)
-        self.k_proj = _linear(spec.hidden_size, spec.kv_size, spec.qkv_bias, factory)
-        self.v_proj = _linear(spec.hidden_size, spec.kv_size, spec.qkv_bias, factory)
+        qkv_size = spec.q_size + 2 * spec.kv_size
+        self.qkv_proj = _linear(spec.hidden_size, qkv_size, spec.qkv_bias, factory)
         self.o_proj = _linear(spec.q_size, spec.hidden_size, spec.o_bias, factory)
 
     def forward(
@@ -63,15 +78,15 @@ class SelfAttention(nn.Module):
     ) -> torch.Tensor:
         spec = self.spec
         num_tokens = x.shape[0]
-        q = self.q_proj.forward(x).view(num_tokens, spec.num_heads, spec.head_dim)
-        k = self.k_proj.forward(x).view(num_tokens, spec.num_kv_heads, spec.head_dim)
-        v = self.v_proj.forward(x).view(num_tokens, spec.num_kv_heads, spec.head_dim)
-        q = apply_rope(q, rope)
-        k = apply_rope(k, rope)
+        num_q, num_qk = spec.num_heads, spec.num_heads + spec.num_kv_heads
+        qkv = self.qkv_proj.forward(x).view(num_tokens, num_qk + spec.num_kv_heads, spec.head_dim)
+        run_rotary_embedding(
+            qk=qkv[:, :num_qk], cos=rope.cos, signed_sin=rope.signed_sin, backend=meta.backend
+        )
         out = paged_attention(
-            q=q,
-            k=k,
-            v=v.contiguous(),
+            q=qkv[:, :num_q],
+            k=qkv[:, num_q:num_qk],
+            v=qkv[:, num_qk:],
             k_cache=kv_cache[0],
             v_cache=kv_cache[1],
             meta=meta,
@@ -81,22 +96,25 @@ class SelfAttention(nn.Module):
 
 
 class SwiGLU(nn.Module):
-    """``down(silu(gate(x)) * up(x))``."""
+    """``down(silu(gate(x)) * up(x))``, gate and up as one projection."""
 
     def __init__(self, spec: DecoderSpec, factory: dict) -> None:
         super().__init__()
         size, inner = spec.hidden_size, spec.intermediate_size
-        self.gate_proj = _linear(size, inner, spec.mlp_bias, factory)
-        self.up_proj = _linear(size, inner, spec.mlp_bias, factory)
+        self.gate_up_proj = _linear(size, 2 * inner, spec.mlp_bias, factory)
         self.down_proj = _linear(inner, size, spec.mlp_bias, factory)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate = F.silu(self.gate_proj.forward(x))
-        return self.down_proj.forward(gate * self.up_proj.forward(x))
+    def forward(self, x: torch.Tensor, *, backend: str = 'auto') -> torch.Tensor:
+        gate_up = self.gate_up_proj.forward(x)
+        return self.down_proj.forward(run_silu_and_mul(gate_up=gate_up, backend=backend))
 
 
 class DecoderLayer(nn.Module):
-    """Pre-norm transformer block: attention then SwiGLU, each with a residual."""
+    """Pre-norm transformer block: attention then SwiGLU, each with a residual.
+
+    The block's output is returned beside the residual stream, not added to it: the next
+    norm (the next block's or the final one) adds them in its own pass.
+    """
 
     def __init__(self, spec: DecoderSpec, factory: dict) -> None:
         super().__init__()
@@ -108,12 +126,24 @@ class DecoderLayer(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
+        residual: torch.Tensor | None,
         rope: RopeTables,
         kv_cache: KVCache,
         meta: AttentionMetadata,
-    ) -> torch.Tensor:
-        x = x + self.self_attn.forward(self.input_layernorm.forward(x), rope, kv_cache, meta)
-        return x + self.mlp.forward(self.post_attention_layernorm.forward(x))
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``x``: the previous block's output (the embeddings for the first block, whose
+        ``residual`` is None). Returns this block's output and the residual stream."""
+        backend = meta.backend
+        if residual is None:
+            residual = x
+            hidden = self.input_layernorm.forward(x, backend=backend)
+        else:
+            hidden, residual = self.input_layernorm.add_and_norm(x, residual, backend=backend)
+        hidden = self.self_attn.forward(hidden, rope, kv_cache, meta)
+        hidden, residual = self.post_attention_layernorm.add_and_norm(
+            hidden, residual, backend=backend
+        )
+        return self.mlp.forward(hidden, backend=backend), residual
 
 
 class PagedDecoder(nn.Module):
@@ -186,10 +216,10 @@ class PagedDecoder(nn.Module):
             raise ValueError(f'need {self.spec.num_layers} KV caches, got {len(kv_caches)}')
         if rope is None:
             rope = rope_tables(meta.positions, self.inv_freq, inputs_embeds.dtype)
-        x = inputs_embeds
+        x, residual = inputs_embeds, None
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            x = layer.forward(x, rope, kv_cache, meta)
-        return self.norm.forward(x)
+            x, residual = layer.forward(x, residual, rope, kv_cache, meta)
+        return self.norm.add_and_norm(x, residual, backend=meta.backend)[0]
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """LM-head logits in float32."""

@@ -55,8 +55,9 @@ def rope_cos_sin(
 
 @dataclass(frozen=True, slots=True, eq=False)
 class RopeTables:
-    """One step's rotation, built once for every layer: ``cos [T, 1, head_dim]`` and
-    ``sin`` with its first half negated (``signed_sin [T, 1, head_dim]``)."""
+    """One step's rotation, built once for every layer: ``cos [T, head_dim]`` and ``sin``
+    with its first half negated (``signed_sin [T, head_dim]``), as
+    ``vla_sched.kernels.rotary`` takes them."""
 
     cos: torch.Tensor
     signed_sin: torch.Tensor
@@ -75,15 +76,16 @@ def rope_tables(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dt
     cos, sin = rope_cos_sin(positions, inv_freq, dtype)
     half = sin.shape[-1] // 2
     signed_sin = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)
-    return RopeTables(cos=cos[:, None, :], signed_sin=signed_sin[:, None, :])
+    return RopeTables(cos=cos, signed_sin=signed_sin)
 
 
 def apply_rope(x: torch.Tensor, tables: RopeTables) -> torch.Tensor:
-    """Rotate ``x [T, heads, head_dim]`` by its tokens' tables.
+    """Rotate ``x [T, heads, head_dim]`` by its tokens' tables, out of place.
 
     ``x * cos + rotate_half(x) * sin`` with ``rotate_half(x) = cat(-x2, x1)``: swapping the
     halves of ``x`` (a roll by half) and negating the first half of ``sin`` instead gives
-    the same products, bit for bit, in fewer operations.
+    the same products, bit for bit, in fewer operations. The decoder rotates its queries
+    and keys in place with ``vla_sched.kernels.rotary``, the same arithmetic.
     """
     swapped = x.roll(x.shape[-1] // 2, dims=-1)
-    return x * tables.cos + swapped * tables.signed_sin
+    return x * tables.cos[:, None, :] + swapped * tables.signed_sin[:, None, :]

@@ -21,6 +21,7 @@ from vla_sched.model.config.openvla_towers import OpenVLAVisionSpec
 from vla_sched.model.layers.decoder import PagedDecoder
 from vla_sched.model.loading.weights import (
     LM_HEAD,
+    decoder_merge_plan,
     decoder_shapes,
     match_tower_names,
     projector_shapes,
@@ -99,6 +100,28 @@ def _load(module: nn.Module, found: Mapping[str, str], read: TensorSource, devic
     module.load_state_dict(state, strict=True, assign=True)
 
 
+def _load_decoder(
+    decoder: PagedDecoder, found: Mapping[str, str], read: TensorSource, device, dtype
+) -> None:
+    """Load the decoder, concatenating the checkpoint's q/k/v and gate/up tensors into its
+    merged projections: each part is copied (and cast) into its rows of one tensor made on
+    ``device``, so no part is held there twice."""
+    state = {}
+    for name, parts in decoder_merge_plan(found).items():
+        if len(parts) == 1:
+            state[name] = read(found[parts[0]]).to(device=device, dtype=dtype)
+            continue
+        tensors = [read(found[part]) for part in parts]
+        rows = sum(t.shape[0] for t in tensors)
+        merged = torch.empty((rows, *tensors[0].shape[1:]), device=device, dtype=dtype)
+        start = 0
+        for tensor in tensors:
+            merged[start : start + tensor.shape[0]].copy_(tensor)
+            start += tensor.shape[0]
+        state[name] = merged
+    decoder.load_state_dict(state, strict=True, assign=True)
+
+
 def assemble_model(
     spec: CheckpointSpec,
     names: list[str],
@@ -135,7 +158,7 @@ def assemble_model(
     }
     _check_part('decoder', decoder_found, decoder_shapes(spec.decoder), shape_of)
     decoder = PagedDecoder(spec.decoder, device='meta', dtype=dtype)
-    _load(decoder, decoder_found, read, device, dtype)
+    _load_decoder(decoder, decoder_found, read, device, dtype)
     decoder.init_rope(torch.device(device))
     vision = None
     if isinstance(spec.vision, OpenVLAVisionSpec):

@@ -14,13 +14,21 @@ renamed like an older LLaVA's)::
 
     projector.fc{1,2,3}.{weight,bias}                            projector
     vision_backbone.{featurizer,fused_featurizer}.*              timm towers (openvla_weights)
+
+Checkpoints keep transformers' separate ``q_proj``/``k_proj``/``v_proj`` and
+``gate_proj``/``up_proj`` tensors; the decoder holds each group as one projection
+(``qkv_proj``, ``gate_up_proj``), concatenated at load (``decoder_merge_plan``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING
 
 from vla_sched.model.config.architecture import DecoderSpec, VisionSpec
+
+if TYPE_CHECKING:
+    import torch
 
 DECODER_PREFIX = 'model.language_model.'
 PROJECTOR_PREFIX = 'model.multi_modal_projector.'
@@ -122,6 +130,81 @@ def decoder_shapes(spec: DecoderSpec) -> dict[str, tuple[int, ...]]:
     if not spec.tie_word_embeddings:
         shapes[LM_HEAD] = (spec.vocab_size, h)
     return shapes
+
+
+# The decoder's merged projections: each module tensor is its checkpoint tensors
+# concatenated along the output dimension (rows), in this order. Checkpoints keep the
+# separate names; ``decoder_merge_plan`` maps them onto the module at load.
+MERGED_PROJECTIONS = {
+    'self_attn.qkv_proj': ('self_attn.q_proj', 'self_attn.k_proj', 'self_attn.v_proj'),
+    'mlp.gate_up_proj': ('mlp.gate_proj', 'mlp.up_proj'),
+}
+_MERGED_PART = {
+    part: (merged, index)
+    for merged, parts in MERGED_PROJECTIONS.items()
+    for index, part in enumerate(parts)
+}
+
+
+def _layer_tensor(name: str) -> tuple[str, str, str] | None:
+    """``layers.3.self_attn.k_proj.bias`` -> ``('layers.3.', 'self_attn.k_proj', 'bias')``;
+    None for a tensor outside the layers."""
+    if not name.startswith('layers.'):
+        return None
+    layer, _, rest = name[len('layers.') :].partition('.')
+    module, _, tensor = rest.rpartition('.')
+    return f'layers.{layer}.', module, tensor
+
+
+def decoder_merge_plan(names: Iterable[str]) -> dict[str, tuple[str, ...]]:
+    """Module-relative decoder names -> the checkpoint names whose tensors make each.
+
+    A merged projection's tensor (``layers.N.self_attn.qkv_proj.weight``) is its checkpoint
+    tensors concatenated along dim 0 in ``MERGED_PROJECTIONS`` order; every other tensor is
+    its own checkpoint tensor under the same name.
+
+    Args:
+        names: module-relative checkpoint names of the decoder (``decoder_shapes``' keys,
+            with ``lm_head.weight``), all parts of each merged projection present.
+    """
+    plan: dict[str, dict[int, str]] = {}
+    for name in names:
+        target, index = name, 0
+        found = _layer_tensor(name)
+        if found is not None and found[1] in _MERGED_PART:
+            layer, module, tensor = found
+            merged, index = _MERGED_PART[module]
+            target = f'{layer}{merged}.{tensor}'
+        plan.setdefault(target, {})[index] = name
+    return {target: tuple(parts[i] for i in sorted(parts)) for target, parts in plan.items()}
+
+
+def merged_row_splits(spec: DecoderSpec) -> dict[str, tuple[int, ...]]:
+    """Rows of each part of a merged projection, in ``MERGED_PROJECTIONS`` order."""
+    inner = spec.intermediate_size
+    return {
+        'self_attn.qkv_proj': (spec.q_size, spec.kv_size, spec.kv_size),
+        'mlp.gate_up_proj': (inner, inner),
+    }
+
+
+def checkpoint_views(
+    state: Mapping[str, torch.Tensor], spec: DecoderSpec
+) -> dict[str, torch.Tensor]:
+    """A decoder's module state under checkpoint names, each merged projection split into
+    views of its rows (no copies): what transformers' ``LlamaModel`` holds, sharing memory."""
+    splits = merged_row_splits(spec)
+    views: dict[str, torch.Tensor] = {}
+    for name, tensor in state.items():
+        found = _layer_tensor(name)
+        if found is None or found[1] not in splits:
+            views[name] = tensor
+            continue
+        layer, merged, suffix = found
+        parts = tensor.split(splits[merged], dim=0)
+        for part, view in zip(MERGED_PROJECTIONS[merged], parts, strict=True):
+            views[f'{layer}{part}.{suffix}'] = view
+    return views
 
 
 def projector_shapes(spec: VisionSpec) -> dict[str, tuple[int, ...]]:
