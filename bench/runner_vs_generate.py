@@ -123,16 +123,19 @@ def build_models(plan: ComparePlan):
     sharing its decoder tensors."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config, ours, stored = build_ours(plan)
+    from vla_sched.model.loading.weights import LM_HEAD, checkpoint_views
+
+    config, ours, _ = build_ours(plan)
     device, dtype = plan.torch_device, plan.dtype
     with torch.device(device):
         hf = LlamaForCausalLM._from_config(LlamaConfig(**config['text_config']), dtype=dtype)
-    prefix = 'language_model.'
-    llm = {k.removeprefix(prefix): v for k, v in stored.items() if k.startswith(prefix)}
-    hf.load_state_dict(llm, strict=True, assign=True)  # share our tensors
+    # Our tensors under transformers' names (merged projections split into views): shared.
+    views = checkpoint_views(ours.decoder.state_dict(), ours.spec.decoder)
+    llm = {name if name == LM_HEAD else f'model.{name}': t for name, t in views.items()}
+    hf.load_state_dict(llm, strict=True, assign=True)
     hf.eval()
-    shared = ours.decoder.layers[0].mlp.up_proj.weight.data_ptr()
-    assert shared == hf.model.layers[0].mlp.up_proj.weight.data_ptr()
+    shared = ours.decoder.layers[0].mlp.gate_up_proj.weight.data_ptr()
+    assert shared == hf.model.layers[0].mlp.gate_proj.weight.data_ptr()
     return config, ours, hf
 
 
