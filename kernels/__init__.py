@@ -1,4 +1,5 @@
-"""Paged KV attention in two backends: 'triton' (the kernels) and 'torch' (float32 torch ops).
+"""Paged KV attention and the decoder's fused steps in two backends: 'triton' (the kernels)
+and 'torch' (torch ops).
 
 Installed and imported as ``vla_sched.kernels``. Per decoder layer the KV cache is
 ``k_cache [num_slots, num_kv_heads, head_dim]`` and ``v_cache [num_slots, num_kv_heads,
@@ -10,6 +11,17 @@ Modules, each with a Triton launcher, its torch-backend twin and a dispatcher:
   ``run_decode_attention``, plus ``choose_num_kv_splits``.
 - ``extend_attention``: ``extend_attention`` / ``extend_attention_torch`` /
   ``run_extend_attention`` (causal, optionally bidirectional inside an image span).
+- ``rms_norm``: ``rms_norm`` / ``rms_norm_torch`` / ``run_rms_norm``, and with the residual
+  add before it ``fused_add_rms_norm`` / ``fused_add_rms_norm_torch`` /
+  ``run_fused_add_rms_norm`` (returns the normed rows and the new residual).
+- ``activation``: ``silu_and_mul`` / ``silu_and_mul_torch`` / ``run_silu_and_mul`` over a
+  merged gate/up projection.
+- ``rotary``: ``rotary_embedding`` / ``rotary_embedding_torch`` / ``run_rotary_embedding``,
+  queries and keys rotated together in place from the step's cos/sin tables.
+
+The decoder kernels keep transformers' rounding order (float32 inside, each torch op's
+result rounded to the activation dtype), so their torch twins compute what the separate
+torch ops did.
 
 The 'torch' backend is the production path off CUDA (the model's CPU attention) and the
 reference the Triton kernels are tested against. Its plans are worked out once per step and
