@@ -81,4 +81,5 @@ def launch_rotary_embedding(
         BLOCK_H=block_h,
         BLOCK_HALF=block_half,
         num_warps=4,
+        enable_fp_fusion=False,  # an fma would skip the rounding of the second product
     )
