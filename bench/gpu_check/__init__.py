@@ -19,30 +19,41 @@ from runs A and B where they ran):
 ============ ======= ========= ================================================================
 part         limit s H200 s    what
 ============ ======= ========= ================================================================
-environment  25      7-10      versions, the GPU, the device's copy bandwidth and matmul rate
+environment  15      7-10      versions, the GPU, the device's copy bandwidth and matmul rate
                                (measured once here; the later parts' floors use them)
 kernels      75      26        every kernel against its float32 reference: ragged bf16, fp16,
                                fp32, a CUDA-graph replay of decode, every benchmark shape in
                                bf16 and again in fp16; decode / extend / store times and GB/s
-                               against the copy bandwidth (``bench.gpu_kernels``)
+                               against the copy bandwidth, SDPA over the same slots as the
+                               baseline; then a sweep of launch configs, started until 55 s
+                               in (``bench.gpu_kernels``)
 checkpoint   55      42-46     the openvla-7b folder with random bf16 weights (15 GB) in the
                                work dir, written once (``bench.lib.checkpoints``)
-model        100     44        our runner eager and with CUDA graphs against transformers on
+model        60      44        our runner eager and with CUDA graphs against transformers on
                                openvla-7b (``bench.runner_vs_generate``): last-token logits,
-                               greedy agreement, 1 and 16 robots; one robot's runner step
-                               against the floor
-engine_core  45      29        ``ScheduledCore`` on the folder, 4 robots x 3 steps:
+                               greedy agreement, 1 and 16 robots; their steps against the
+                               floor of one robot and of a batch of 16
+profile      40      -         torch.profiler's CUDA kernel table (calls, total and mean time,
+                               share) of a decode step of 1 and 16 requests replayed from its
+                               graph and of a prefill of 1 and 16 robots with vision
+engine_core  40      29        ``ScheduledCore`` on the folder, 4 robots x 3 steps:
                                ``check_integrity()`` after every scheduler step, every step
                                ends as exactly one result or failure; the vision encoder eager
                                against captured
-serving      95      49        the engine core paced at 10 Hz per robot for 1, 4, 8, 12, 16
-                               and 32 robots (``bench.engine_paced``), then 1-12 again with
-                               mixed passes: latency p50/p99, deadline hits, actions/s, the
-                               robot count the matmul rate allows and the share of it served,
-                               one robot's step against the floor (``bench.lib.cost_model``)
-scheduler    55      35        scheduler host time per decode step, null and 7B runner,
+serving      120     49 (*)    the capacity at 10 Hz by the one capacity rule
+                               (``bench.lib.capacity``), by bisection up to 16 robots, on a core
+                               with separate prefill and decode passes and on one with mixed
+                               passes (``bench.engine_paced``); the robot count the matmul rate
+                               allows, one robot's step against the floor
+scheduler    45      35        scheduler host time per decode step, null and 7B runner,
                                overlap on and off (``bench.scheduler_cost``)
 ============ ======= ========= ================================================================
+
+(*) run B's serving part paced 10 fixed robot counts on one core; two cores (loaded in
+about 20 s each) with at most 6 windows of about 4.5 s each are expected to take 80-110 s.
+
+``report.md`` opens with issue 22's targets (``targets``): each measure with its value, its
+floor, the target and whether it is met; ``results.json`` holds them under ``targets``.
 
 The dry run uses a tiny OpenVLA-format folder, the Triton interpreter and short windows;
 it checks the script, not speed (about two minutes on two CPU cores).

@@ -5,7 +5,8 @@ a prefill of 1 and 16 robots with vision (1 and 2 of the tiny model in the dry r
 Our runner with every CUDA graph (``bench.runner_vs_generate``'s "graphs" runner, the
 same model, prompts and ``ForwardBatch`` steps as the ``model`` part) runs one control step
 per robot count to warm up (compile, capture), then ``NUM_PROFILED`` prefills (each with
-fresh images, so the vision towers run) and ``NUM_PROFILED`` decode steps after the last,
+fresh images, so the vision towers run) and as many decode steps after the last (one each
+in the dry run),
 each kind under torch.profiler. The table per step (``bench.lib.profile_table``): on a GPU
 every CUDA kernel, memcpy and memset with its calls, total and mean device time and share of
 the step's device time, whole names, longest first; on the CPU (the dry run) every
@@ -22,7 +23,7 @@ from typing import Any
 from bench.gpu_check.parts import PartContext
 from bench.lib.tables import markdown_table
 
-NUM_PROFILED = 3  # runs of each step under the profiler (the table is per step)
+NUM_PROFILED = 3  # runs of each step under the profiler (the table is per step); 1 dry
 NUM_ROWS_SHOWN = 15  # kernels per step in report.md (results.json holds every one)
 
 
@@ -131,15 +132,16 @@ def run(ctx: PartContext) -> dict[str, Any]:
     )
     print(f'model and runner built in {time.monotonic() - started:.1f} s', flush=True)
     on_gpu = not ctx.dry_run
+    num_profiled = NUM_PROFILED if on_gpu else 1
     steps = []
     with torch.inference_mode():
         for n in robot_counts:
             control = ControlSteps(runner, n)
             control.prefill()  # compile kernels, capture graphs
             control.decode()
-            prefill = profiled(control.prefill, on_gpu=on_gpu, num_runs=NUM_PROFILED)
+            prefill = profiled(control.prefill, on_gpu=on_gpu, num_runs=num_profiled)
             prompt_len = len(control.prompts[0])
-            decode = profiled(control.decode, on_gpu=on_gpu, num_runs=NUM_PROFILED)
+            decode = profiled(control.decode, on_gpu=on_gpu, num_runs=num_profiled)
             steps.append({'step': 'prefill', 'robots': n, 'tokens': n * prompt_len, **prefill})
             steps.append({'step': 'decode', 'robots': n, 'tokens': n, **decode})
             for s in steps[-2:]:
@@ -148,7 +150,7 @@ def run(ctx: PartContext) -> dict[str, Any]:
         'preset': plan.preset,
         'dtype': str(plan.dtype).removeprefix('torch.'),
         'table': 'CUDA kernels (device time)' if on_gpu else 'CPU operators (self time)',
-        'num_profiled': NUM_PROFILED,
+        'num_profiled': num_profiled,
         'steps': steps,
     }
 

@@ -6,7 +6,7 @@ image, at most one step in flight per robot, deadline 100 ms after the frame's s
 judged per robot count by the rule the CPU control loop uses (``bench.lib.capacity``: at
 least 99% of the target action rate, at least 99% of the steps that ended within their
 deadline). The capacity is found by bisection (1 robot, then the target of 10, then halving
-the span up to ``MAX_ROBOTS``: at most 5 paced windows), once on a core whose scheduler runs
+the span up to ``MAX_ROBOTS``: at most 6 paced windows), once on a core whose scheduler runs
 prefill and decode as separate passes and once on a core with mixed passes (each prefill
 pass also decodes the running steps), each selected explicitly in the scheduler settings
 the core is built with. Against the device: the robots the measured matmul rate allows at

@@ -17,7 +17,10 @@ import pytest
 from bench.lib.capacity import CapacityCriteria, CapacityMeasure
 
 ROOT = Path(__file__).resolve().parents[2]
-PARTS = ('environment', 'kernels', 'checkpoint', 'model', 'engine_core', 'serving', 'scheduler')
+PARTS = (
+    'environment', 'kernels', 'checkpoint', 'model', 'profile', 'engine_core', 'serving',
+    'scheduler',
+)  # fmt: skip
 
 
 def _run(out: Path, *args: str, timeout_s: float = 600) -> subprocess.CompletedProcess:
@@ -32,11 +35,12 @@ def _run(out: Path, *args: str, timeout_s: float = 600) -> subprocess.CompletedP
 
 @pytest.fixture(scope='module')
 def dry_run(tmp_path_factory) -> tuple[subprocess.CompletedProcess, dict, str]:
-    """The whole dry run through the GPU machine's entry point, bench/gpu_check.sh."""
+    """The whole dry run through the GPU machine's entry point, bench/gpu_check.sh; the
+    parts' limits are set for the H200, so they are doubled for a shared 2-core CPU."""
     out = tmp_path_factory.mktemp('gpu_check')
     done = subprocess.run(
-        ['bash', str(ROOT / 'bench' / 'gpu_check.sh'), str(out), '--dry-run', '--budget-s', '360'],
-        env=dict(os.environ, PYTHON=sys.executable),
+        ['bash', str(ROOT / 'bench' / 'gpu_check.sh'), str(out), '--dry-run', '--budget-s', '900'],
+        env=dict(os.environ, PYTHON=sys.executable, GPU_CHECK_TIMEOUT_S='580'),
         capture_output=True,
         text=True,
         timeout=600,
@@ -70,30 +74,36 @@ def test_dry_run_records_the_numbers_each_part_must_produce(dry_run):
     assert kernels['copy_gb_per_s'] == env['copy_gb_per_s']  # the rates are measured once
     model = data['model']
     assert model['logits']['max_relative_error'] < 1e-3  # fp32, same weights
-    (batch,) = model['batches']
-    for engine in ('eager', 'graphs', 'transformers'):
-        assert batch[engine]['step_ms'] > 0
-    for share in ('graphs_equal_eager_share', 'eager_equal_transformers_share'):
-        assert 0.0 <= batch[share] <= 1.0
+    assert [b['robots'] for b in model['batches']] == [1, 2]
+    for batch in model['batches']:
+        for engine in ('eager', 'graphs', 'transformers'):
+            assert batch[engine]['step_ms'] > 0
+        for share in ('graphs_equal_eager_share', 'eager_equal_transformers_share'):
+            assert 0.0 <= batch[share] <= 1.0
+        assert batch['batch_floor']['num_robots'] == batch['robots']
     assert model['floor']['copy_gb_per_s'] == env['copy_gb_per_s']
     assert model['floor']['step_ms'] > 0 and model['runner_step_over_floor'] > 0
     core = data['engine_core']
     assert core['num_steps_sent'] == 8 and core['num_results'] + core['num_failures'] == 8
     assert core['num_integrity_checks'] >= core['num_steps_sent']
     serving = data['serving']
-    assert [p['num_robots'] for p in serving['points']] == [1, 2]
-    for point in serving['points']:
-        assert point['num_results'] > 0 and point['latency_ms_p99'] >= point['latency_ms_p50']
-        assert point['target_actions_per_s'] == point['num_robots'] * 10
-    assert [p['num_robots'] for p in serving['mixed_points']] == [1, 2]
-    assert all(p['num_results'] > 0 for p in serving['mixed_points'])
     criteria = CapacityCriteria()  # the one capacity rule decides which counts are served
-    served = [
-        p['num_robots']
-        for p in serving['points']
-        if not criteria.failures(CapacityMeasure(**p['capacity']))
-    ]
-    assert serving['max_robots_served'] == max(served, default=0)
+    for key, capacity in (('points', 'capacity_separate'), ('mixed_points', 'capacity_mixed')):
+        points = serving[key]
+        served = [
+            p['num_robots']
+            for p in points
+            if not criteria.failures(CapacityMeasure(**p['capacity']))
+        ]
+        # The bisection up to 2 robots: 1 robot, then 2 only where 1 was served.
+        assert [p['num_robots'] for p in points] == ([1, 2] if 1 in served else [1])
+        assert serving[capacity] == max(served, default=0)
+        for point in points:
+            assert point['latency_ms_p99'] >= point['latency_ms_p50']
+            assert point['target_actions_per_s'] == point['num_robots'] / serving['period_s']
+    assert serving['max_robots_served'] == max(
+        serving['capacity_separate'], serving['capacity_mixed']
+    )
     assert serving['robots_bound'] > 0 and 'bound_share_served' in serving
     assert serving['floor']['matmul_tflops'] == env['matmul_tflops']
     assert serving['one_robot_step_over_floor'] > 0
@@ -101,10 +111,50 @@ def test_dry_run_records_the_numbers_each_part_must_produce(dry_run):
     assert {(p['runner'], p['overlap']) for p in points} == {
         (runner, overlap) for runner in ('null', 'model') for overlap in (False, True)
     }
-    assert len(results['targets']) == 4 and all('met' in t for t in results['targets'])
-    for header in ('## Targets', '## Kernels', '## Model', '## Engine core', '## Serving'):
+    assert '## Scheduler host time per decode step' in report and 'Mixed passes:' in report
+    for header in ('## Kernels', '## Model', '## Profile', '## Engine core', '## Serving'):
         assert header in report
-    assert '## Scheduler host time per decode step' in report and 'With mixed passes:' in report
+
+
+def test_dry_run_profiles_each_step_as_a_table_of_its_ops_longest_first(dry_run):
+    _, results, report = dry_run
+    profile = results['parts']['profile']['data']
+    assert profile['table'] == 'CPU operators (self time)'
+    steps = [(s['step'], s['robots']) for s in profile['steps']]
+    assert steps == [('prefill', 1), ('decode', 1), ('prefill', 2), ('decode', 2)]
+    for step in profile['steps']:
+        rows = step['rows']
+        assert rows and sum(r['share'] for r in rows) == pytest.approx(1.0)
+        assert [r['total_us'] for r in rows] == sorted((r['total_us'] for r in rows), reverse=True)
+        assert all(r['calls'] > 0 and r['mean_us'] > 0 for r in rows)
+        assert step['busy_ms'] == pytest.approx(sum(r['total_us'] for r in rows) / 1e3)
+        assert step['graph_launches'] == 0  # a CPU launches no CUDA graph
+    assert [s['tokens'] for s in profile['steps']] == [280, 1, 560, 2]
+    assert '### Prefill, 1 robot (280 tokens)' in report and '### Decode, 2 robots' in report
+    assert '| operator | calls | total us | mean us | share |' in report
+
+
+def test_dry_run_opens_its_report_with_every_issue_target_from_the_parts_data(dry_run):
+    _, results, report = dry_run
+    data = {name: e['data'] for name, e in results['parts'].items()}
+    rows = {t['key']: t for t in results['targets']}
+    assert list(rows) == [
+        'decode_step_1', 'decode_step_batch', 'prefill_1', 'step_1', 'step_batch',
+        'decode_kernel_copy_share', 'extend_kernel_over_sdpa', 'capacity_separate',
+        'capacity_mixed', 'engine_step_1',
+    ]  # fmt: skip
+    one, two = (b['graphs'] for b in data['model']['batches'])
+    assert rows['decode_step_1']['value'] == one['decode_step_ms']
+    assert rows['step_batch']['value'] == two['step_ms']
+    assert rows['step_batch']['measure'] == '2 robots in one batched step'
+    assert rows['step_1']['over_floor'] == pytest.approx(data['model']['runner_step_over_floor'])
+    for key in ('capacity_separate', 'capacity_mixed'):
+        assert rows[key]['value'] == data['serving'][key]
+        assert rows[key]['met'] is (data['serving'][key] >= 10)
+    # The dry run's kernel shapes are tiny: no decode at batch 32, no extend at batch 8.
+    assert rows['decode_kernel_copy_share']['met'] is None
+    assert rows['extend_kernel_over_sdpa']['met'] is None
+    assert report.index('## Targets') < report.index('## Parts') < report.index('## Kernels')
 
 
 def test_a_hanging_part_is_stopped_at_its_limit_and_the_next_part_still_runs(tmp_path):
