@@ -63,7 +63,7 @@ def _signature(fn, constexprs: dict, dtype: str):
         elif name.endswith('_ptr'):
             signature[name] = f'*{dtype}'
         else:
-            signature[name] = 'fp32' if name.startswith('sm_scale') else 'i32'
+            signature[name] = 'fp32' if name.startswith(('sm_scale', 'eps')) else 'i32'
         if name.endswith('_ptr') or name.startswith('stride'):
             attrs[(index,)] = [['tt.divisibility', 16]]
     return signature, constants, attrs
@@ -202,12 +202,42 @@ def _store_variants():
     yield ('store_kv d=80', jit._store_kv_kernel, constexprs, 'bf16', 4, 1), None
 
 
+def _decoder_variants():
+    """The decoder's kernels at openvla-7b's sizes (hidden 4096, inner 11008, 32 + 32 heads
+    of 128) with the blocks and warps their launchers pick, and one fp16/fp32 build each."""
+    import triton
+
+    from vla_sched.kernels import _activation_jit, _rms_norm_jit, _rotary_jit
+
+    norms = [(4096, False, 'bf16'), (4096, True, 'bf16'), (4096, True, 'fp32'), (40, True, 'fp16')]
+    for hidden, residual, dtype in norms:
+        block = triton.next_power_of_2(hidden)
+        constexprs = dict(HIDDEN=hidden, BLOCK=block, HAS_RESIDUAL=residual)
+        label = f'rms_norm hidden={hidden} residual={residual}'
+        warps = _rms_norm_jit.norm_num_warps(block)
+        yield (label, _rms_norm_jit._rms_norm_kernel, constexprs, dtype, warps, 1), None
+    for inner, dtype in [(11008, 'bf16'), (11008, 'fp32'), (37, 'fp16')]:
+        block = _activation_jit.activation_block(inner)
+        constexprs = dict(INNER=inner, BLOCK=block)
+        warps = max(1, min(4, block // 256))
+        kernel = _activation_jit._silu_and_mul_kernel
+        yield (f'silu_and_mul inner={inner}', kernel, constexprs, dtype, warps, 1), None
+    for num_heads, head_dim, dtype in [(64, 128, 'bf16'), (64, 128, 'fp32'), (6, 24, 'fp16')]:
+        block_h, block_half = _rotary_jit.rotary_blocks(num_heads, head_dim)
+        constexprs = dict(
+            NUM_HEADS=num_heads, HALF_DIM=head_dim // 2, BLOCK_H=block_h, BLOCK_HALF=block_half
+        )
+        label = f'rotary heads={num_heads} d={head_dim}'
+        yield (label, _rotary_jit._rotary_kernel, constexprs, dtype, 4, 1), None
+
+
 def main() -> int:
     if os.environ.get('TRITON_INTERPRET', '0') not in ('', '0'):
         print('unset TRITON_INTERPRET: the kernels must be JIT functions', file=sys.stderr)
         return 2
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-    for variant, claimed in (*_decode_variants(), *_extend_variants(), *_store_variants()):
+    variants = (*_decode_variants(), *_extend_variants(), *_store_variants())
+    for variant, claimed in (*variants, *_decoder_variants()):
         result = compile_sm90(*variant)
         if claimed is not None:
             result['claimed_programs_per_sm'] = claimed
