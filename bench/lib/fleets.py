@@ -205,7 +205,7 @@ def step_request(
         stamp_ns=stamp_ns,
         deadline_ns=deadline_ns,
         received_ns=received_ns,
-        image=frame,
+        images=(frame,),
         state=np.zeros(num_state, np.float32),
         instruction=instruction,
         instruction_version=1,

@@ -44,7 +44,7 @@ def _request(robot_id: str, step_seq: int, **overrides) -> StepRequest:
     now = time.time_ns()
     fields = dict(
         robot_id=robot_id, step_seq=step_seq, stamp_ns=now, deadline_ns=now + 60 * 10**9,
-        received_ns=now, image=np.full((24, 32, 3), 7, np.uint8),
+        received_ns=now, images=(np.full((24, 32, 3), 7, np.uint8),),
         state=np.zeros(0, np.float32), instruction='put the cup on the plate',
         instruction_version=1,
     )  # fmt: skip
@@ -71,7 +71,8 @@ def _array_sent_as_scalar(msg, name: str) -> list[bytes]:
     data['fields'][name] = 7
     rest = [bytes(b) for i, b in enumerate(buffers) if i != index]
     for spec in data['arrays'].values():
-        spec[2] -= spec[2] > index
+        for item in spec if isinstance(spec[0], list) else [spec]:  # a tuple field's list
+            item[2] -= item[2] > index
     return [msgpack.packb(data), *rest]
 
 
@@ -111,7 +112,7 @@ def test_in_process_engine_refuses_what_is_not_for_it_and_fails_a_step_it_cannot
         _until(lambda: [frontend.recv(1.0)], _has(EngineInfo))
         frontend.send(b'\x84garbage')  # not a message at all
         frontend.send(_stats())  # the engine's own message, sent to it
-        frontend.send(_request('arm_x', 1, image=7))  # an array field as a scalar
+        frontend.send(_request('arm_x', 1, images=7))  # an array field as a scalar
         frontend.send(_request('arm_y', 1))
         got = _until(
             lambda: [frontend.recv(0.05)],
@@ -169,7 +170,7 @@ def test_engine_process_refuses_bad_frames_counts_them_and_answers_the_good_step
     push.send_multipart(codec.encode(Heartbeat('frontend', 1, 0)))
     _until(lambda: _recv(pull, 1.0), _has(EngineInfo))
     push.send_multipart(_bit_flipped(_request('arm_a', 1)))
-    push.send_multipart(_array_sent_as_scalar(_request('arm_b', 1), 'image'))
+    push.send_multipart(_array_sent_as_scalar(_request('arm_b', 1), 'state'))
     push.send_multipart(codec.encode(_stats()))
     push.send_multipart(codec.encode(_request('arm_c', 1)))
     got = _until(

@@ -98,7 +98,7 @@ def _request(step_seq: int) -> StepRequest:
     now = time.time_ns()
     return StepRequest(
         robot_id='r1', step_seq=step_seq, stamp_ns=now, deadline_ns=now + 120 * 10**9,
-        received_ns=now, image=np.full((20, 30, 3), 40 * step_seq, np.uint8),
+        received_ns=now, images=(np.full((20, 30, 3), 40 * step_seq, np.uint8),),
         state=np.zeros(0, np.float32), instruction='pick up the cup', instruction_version=1,
     )  # fmt: skip
 

@@ -31,7 +31,7 @@ def _request(robot_id: str, step_seq: int, **overrides) -> StepRequest:
     now = time.time_ns()
     fields = dict(
         robot_id=robot_id, step_seq=step_seq, stamp_ns=now, deadline_ns=now + 60 * 10**9,
-        received_ns=now, image=np.full((24, 32, 3), step_seq, np.uint8),
+        received_ns=now, images=(np.full((24, 32, 3), step_seq, np.uint8),),
         state=np.zeros(0, np.float32), instruction='put the cup on the plate',
         instruction_version=1,
     )  # fmt: skip

@@ -66,7 +66,7 @@ def _start(core, *, max_step_s):
     thread.start()
     frontend.send(Heartbeat('frontend', 1, 0))
     assert isinstance(frontend.recv(5.0), EngineInfo)
-    request = StepRequest('r', 1, 0, 10**18, 0, np.zeros((2, 2, 3), np.uint8),
+    request = StepRequest('r', 1, 0, 10**18, 0, (np.zeros((2, 2, 3), np.uint8),),
                           np.zeros(0, np.float32), 'go', 1)  # fmt: skip
     frontend.send(request)
     assert core.stepping.wait(5.0)

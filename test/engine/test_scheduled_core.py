@@ -20,8 +20,8 @@ def _request(robot_id, step_seq, *, instruction='pick up the cup', version=1, **
     now = time.time_ns()
     fields = dict(
         robot_id=robot_id, step_seq=step_seq, stamp_ns=now, deadline_ns=now + 120 * 10**9,
-        received_ns=now, image=np.full((20, 30, 3), (7 * step_seq + len(robot_id)) % 256,
-                                       np.uint8),
+        received_ns=now,
+        images=(np.full((20, 30, 3), (7 * step_seq + len(robot_id)) % 256, np.uint8),),
         state=np.zeros(0, np.float32), instruction=instruction, instruction_version=version,
     )  # fmt: skip
     fields.update(kw)
@@ -74,7 +74,7 @@ def test_three_robots_get_chunks_and_their_second_steps_reuse_the_session_prefix
 
 
 def test_malformed_step_fails_at_once_and_the_engine_keeps_serving(core):
-    bad = core.submit(_request('r4', 1, image=np.zeros((4, 4), np.uint8)), time.time_ns())
+    bad = core.submit(_request('r4', 1, images=(np.zeros((4, 4), np.uint8),)), time.time_ns())
     assert [f.reason for f in bad] == [FailureReason.MALFORMED_IMAGE]
     assert core.submit(_request('r5', 1), time.time_ns()) == []
     (out,) = _drain(core)

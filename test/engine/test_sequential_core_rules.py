@@ -20,7 +20,7 @@ def _request(robot_id: str, step_seq: int, **overrides) -> StepRequest:
     now = time.time_ns()
     fields = dict(
         robot_id=robot_id, step_seq=step_seq, stamp_ns=now, deadline_ns=now + 120 * 10**9,
-        received_ns=now, image=np.full((20, 30, 3), step_seq, np.uint8),
+        received_ns=now, images=(np.full((20, 30, 3), step_seq, np.uint8),),
         state=np.zeros(0, np.float32), instruction='pick up the cup', instruction_version=1,
     )  # fmt: skip
     fields.update(overrides)

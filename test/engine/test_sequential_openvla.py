@@ -29,7 +29,7 @@ def _request(step_seq: int, robot_id: str = 'r1') -> StepRequest:
     now = time.time_ns()
     return StepRequest(
         robot_id=robot_id, step_seq=step_seq, stamp_ns=now, deadline_ns=now + 120 * 10**9,
-        received_ns=now, image=np.full((60, 80, 3), 30 * step_seq, np.uint8),
+        received_ns=now, images=(np.full((60, 80, 3), 30 * step_seq, np.uint8),),
         state=np.zeros(0, np.float32), instruction='put the cup on the plate',
         instruction_version=1,
     )  # fmt: skip
@@ -61,17 +61,17 @@ def test_a_step_returns_openvlas_actions_for_the_chosen_dataset(folder):
         request = _request(1)
         result = _serve_one(core, request)
         frame = np.random.default_rng(0).integers(0, 256, (60, 80, 3), dtype=np.uint8)
-        cropping = dataclasses.replace(_request(1, robot_id='libero'), image=frame)
+        cropping = dataclasses.replace(_request(1, robot_id='libero'), images=(frame,))
         cropped = _serve_one(core, cropping)
     finally:
         core.close()
     assert result.actions.shape == (1, 7) and result.actions.dtype == np.float32
     assert result.prefill_ms > 0 and result.decode_ms > 0
     policy = HFOpenVLAPolicy(folder, dtype=torch.float32, unnorm_key='fractal')
-    expected = policy.predict(request.image, request.instruction)
+    expected = policy.predict(request.images[0], request.instruction)
     np.testing.assert_allclose(result.actions, expected, rtol=0, atol=1e-6)
     # The cropping robot's image reaches the model center-cropped, the other's as it came.
-    assert seen[0] is request.image
+    assert seen[0] is request.images[0]
     np.testing.assert_array_equal(seen[1], center_crop_image(frame))
     expected = policy.predict(center_crop_image(frame), cropping.instruction)
     np.testing.assert_allclose(cropped.actions, expected, rtol=0, atol=1e-6)

@@ -14,15 +14,17 @@ from vla_sched.ipc.messages import EngineInfo, FailureReason, StepRequest
 def _request(**overrides) -> StepRequest:
     fields = dict(
         robot_id='arm', step_seq=3, stamp_ns=100, deadline_ns=200, received_ns=110,
-        image=np.zeros((8, 6, 3), np.uint8), state=np.zeros(7, np.float32),
+        images=(np.zeros((8, 6, 3), np.uint8),), state=np.zeros(7, np.float32),
         instruction='stack the cups', instruction_version=1,
     )  # fmt: skip
     fields.update(overrides)
     return StepRequest(**fields)
 
 
-def _check(request):
-    return check_step_request(request, num_state=7, max_instruction_bytes=64)
+def _check(request, *, num_images: int = 1):
+    return check_step_request(
+        request, num_state=7, max_instruction_bytes=64, num_images=num_images
+    )
 
 
 def test_a_well_formed_step_passes():
@@ -32,9 +34,13 @@ def test_a_well_formed_step_passes():
 @pytest.mark.parametrize(
     ('overrides', 'reason', 'detail'),
     [
-        ({'image': np.zeros((8, 6), np.uint8)}, FailureReason.MALFORMED_IMAGE, '[8, 6]'),
-        ({'image': np.zeros((8, 6, 3), np.float32)}, FailureReason.MALFORMED_IMAGE, 'float32'),
-        ({'image': np.zeros((0, 6, 3), np.uint8)}, FailureReason.MALFORMED_IMAGE, 'range'),
+        ({'images': (np.zeros((8, 6), np.uint8),)}, FailureReason.MALFORMED_IMAGE, '[8, 6]'),
+        (
+            {'images': (np.zeros((8, 6, 3), np.float32),)},
+            FailureReason.MALFORMED_IMAGE,
+            'float32',
+        ),
+        ({'images': (np.zeros((0, 6, 3), np.uint8),)}, FailureReason.MALFORMED_IMAGE, 'range'),
         ({'state': np.zeros(6, np.float32)}, FailureReason.INVALID_STATE, 'must have 7'),
         (
             {'state': np.array([0, np.nan, 0, 0, np.inf, 0, 0], np.float32)},
@@ -52,6 +58,53 @@ def test_malformed_steps_are_refused_with_reason_and_detail(overrides, reason, d
     assert (failure.robot_id, failure.step_seq, failure.stamp_ns) == ('arm', 3, 100)
     assert failure.reason is reason
     assert detail in failure.detail
+
+
+def _cameras(*shapes, dtype=np.uint8) -> tuple[np.ndarray, ...]:
+    return tuple(np.zeros(shape, dtype) for shape in shapes)
+
+
+def test_a_step_with_one_image_per_camera_passes():
+    assert _check(_request(images=_cameras((8, 6, 3), (4, 4, 3))), num_images=2) is None
+
+
+@pytest.mark.parametrize(
+    ('images', 'num_images', 'detail'),
+    [
+        (_cameras((8, 6, 3)), 2, 'step has 1 image; the checkpoint takes 2 per step'),
+        (_cameras((8, 6, 3), (8, 6, 3)), 1, 'step has 2 images; the checkpoint takes 1'),
+        (
+            _cameras((8, 6, 3), (8, 6, 3), (8, 6, 3)),
+            2,
+            'step has 3 images; the checkpoint takes 2',
+        ),
+        (_cameras((8, 6, 3), (8, 6)), 2, 'image 1 must be uint8 [H, W, 3], got uint8 [8, 6]'),
+        (
+            (np.zeros((8, 6, 3), np.uint8), np.zeros((8, 6, 3), np.float32)),
+            2,
+            'image 1 must be uint8 [H, W, 3], got float32 [8, 6, 3]',
+        ),
+        (_cameras((8, 6, 3), (8, 0, 3)), 2, 'image 1 side out of range 1..4096: [8, 0]'),
+    ],
+)
+def test_a_step_whose_images_do_not_fit_the_checkpoint_is_refused_naming_both(
+    images, num_images, detail
+):
+    failure = _check(_request(images=images), num_images=num_images)
+    assert failure is not None and failure.reason is FailureReason.MALFORMED_IMAGE
+    assert detail in failure.detail
+
+
+def test_refuse_malformed_checks_the_image_count_the_engine_announced():
+    info = EngineInfo(
+        model_name='m', num_state=7, action_horizon=8, action_dim=7, image_size=224,
+        max_instruction_bytes=64, random_weights=True, num_images=2,
+    )  # fmt: skip
+    metrics = new_metrics()
+    assert refuse_malformed(_request(images=_cameras((8, 6, 3), (8, 6, 3))), info, metrics) == []
+    (failure,) = refuse_malformed(_request(), info, metrics)
+    assert 'step has 1 image; the checkpoint takes 2 per step' in failure.detail
+    assert metrics.aborts_by_reason == {'malformed_image': 1}
 
 
 def test_a_refused_step_is_counted_as_an_abort_and_a_served_one_is_not():

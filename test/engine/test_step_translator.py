@@ -30,7 +30,7 @@ def translator() -> StepTranslator:
 def _request(**kw) -> StepRequest:
     fields = dict(
         robot_id='arm', step_seq=3, stamp_ns=100, deadline_ns=900, received_ns=120,
-        image=np.full((6, 8, 3), 9, np.uint8), state=np.zeros(7, np.float32),
+        images=(np.full((6, 8, 3), 9, np.uint8),), state=np.zeros(7, np.float32),
         instruction='Open the drawer', instruction_version=4,
     )  # fmt: skip
     fields.update(kw)
@@ -57,9 +57,9 @@ def test_the_prompt_is_the_template_and_the_image_span_is_keyed_by_the_pixels(tr
     assert step.req.origin_input_ids == layout.token_ids
     (image,) = step.req.images
     assert (image.token_offset, image.num_tokens) == (layout.image_offset, 16)
-    assert image.content_hash == image_content_hash(request.image)
-    assert image.pixels is request.image
-    other = translator.translate(_request(image=np.full((6, 8, 3), 10, np.uint8)))
+    assert image.content_hash == image_content_hash(request.images[0])
+    assert image.pixels is request.images[0]
+    other = translator.translate(_request(images=(np.full((6, 8, 3), 10, np.uint8),)))
     assert other.req.images[0].content_hash != image.content_hash
 
 
@@ -68,13 +68,13 @@ def test_a_cropping_robots_frame_reaches_the_model_center_cropped_and_keyed_by_t
     config = EngineConfig(robots={'cropped': {'center_crop': True}, 'plain': {}})
     translator = StepTranslator.from_checkpoint(folder, config)
     frame = np.random.default_rng(0).integers(0, 256, (24, 32, 3), dtype=np.uint8)
-    (cropped,) = translator.translate(_request(robot_id='cropped', image=frame)).req.images
+    (cropped,) = translator.translate(_request(robot_id='cropped', images=(frame,))).req.images
     expected = center_crop_image(frame)
     assert cropped.pixels.shape == (224, 224, 3)
     np.testing.assert_array_equal(cropped.pixels, expected)
     assert cropped.content_hash == image_content_hash(expected)
     for robot_id in ('plain', 'unlisted'):
-        (image,) = translator.translate(_request(robot_id=robot_id, image=frame)).req.images
+        (image,) = translator.translate(_request(robot_id=robot_id, images=(frame,))).req.images
         assert image.pixels is frame
         assert image.content_hash == image_content_hash(frame)
 

@@ -15,7 +15,7 @@ from vla_sched.ipc import messages as m
 def _request(**overrides) -> m.StepRequest:
     fields = dict(
         robot_id='arm_1', step_seq=7, stamp_ns=1_000, deadline_ns=2_000, received_ns=1_100,
-        image=np.arange(4 * 5 * 3, dtype=np.uint8).reshape(4, 5, 3),
+        images=(np.arange(4 * 5 * 3, dtype=np.uint8).reshape(4, 5, 3),),
         state=np.array([0.5, -1.25, 3.0], dtype=np.float32),
         instruction='pick up the red block', instruction_version=2, priority=1,
     )  # fmt: skip
@@ -36,16 +36,82 @@ def test_step_request_round_trips_with_arrays_bit_exact():
         'pick up the red block',
         1,
     )
-    np.testing.assert_array_equal(got.image, sent.image)
-    assert got.image.dtype == np.uint8 and got.state.dtype == np.float32
+    (image,) = got.images
+    np.testing.assert_array_equal(image, sent.images[0])
+    assert image.dtype == np.uint8 and got.state.dtype == np.float32
     np.testing.assert_array_equal(got.state, sent.state)
+
+
+def _cameras(num: int) -> tuple[np.ndarray, ...]:
+    """``num`` images of different sizes, image i filled with i + 1."""
+    return tuple(np.full((4 + i, 5, 3), i + 1, np.uint8) for i in range(num))
+
+
+def test_a_step_with_three_images_round_trips_them_in_order():
+    sent = _request(images=_cameras(3))
+    frames = codec.encode(sent)
+    assert len(frames) == 1 + 3 + 1  # header, three images, state
+    got = codec.decode([bytes(f) for f in frames])
+    assert isinstance(got.images, tuple) and len(got.images) == 3
+    for got_image, sent_image in zip(got.images, sent.images, strict=True):
+        np.testing.assert_array_equal(got_image, sent_image)
+        assert got_image.dtype == np.uint8
+
+
+@pytest.mark.parametrize(
+    ('images', 'match'),
+    [
+        ((), r'StepRequest\.images: 0 arrays, expected 1 to 8'),
+        (_cameras(codec.MAX_ARRAYS_PER_FIELD + 1), r'9 arrays, expected 1 to 8'),
+        ((np.zeros((2, 2, 3), np.uint8), 'pixels'), 'expected a tuple of numpy arrays'),
+        (np.zeros((2, 2, 3), np.uint8), 'expected a tuple of arrays, got ndarray'),
+    ],
+)
+def test_encoding_refuses_images_that_are_not_one_to_eight_arrays(images, match):
+    with pytest.raises(codec.CodecError, match=match):
+        codec.encode(_request(images=images))
+
+
+def _two_camera_frames() -> list:
+    return codec.encode(_request(images=_cameras(2)))
+
+
+@pytest.mark.parametrize(
+    ('images', 'match'),
+    [
+        ([], r'StepRequest\.images: 0 arrays, expected 1 to 8'),
+        ([['uint8', [4, 5, 3], 0]] * 9, r'StepRequest\.images: 9 arrays, expected 1 to 8'),
+        ([['uint8', [4, 5, 3], 0], 'uint8'], r'array images\[1\]: malformed descriptor'),
+        ({'0': ['uint8', [4, 5, 3], 0]}, 'expected a tuple of arrays, got dict'),
+        ([['uint8', [4, 5, 3], 0], ['uint8', [4, 5, 3], 0]], 'arrays share a buffer'),
+        ([['uint8', [4, 5, 3], 0], ['uint8', [4, 5, 3], 1]], r'array images\[1\]: 75 bytes'),
+    ],
+)
+def test_malformed_image_lists_are_refused_before_any_array_is_built(images, match, monkeypatch):
+    monkeypatch.setattr(codec, '_build_array', _no_allocation)
+    frames = _two_camera_frames()
+    header = _header(frames)
+    header['arrays']['images'] = images
+    _refused(_with_header(frames, header), match)
+
+
+def test_a_missing_or_extra_image_buffer_is_refused():
+    frames = _two_camera_frames()  # header, image 0, image 1, state
+    _refused([frames[0], frames[1], frames[3]], '2 buffers for 3 arrays')
+    _refused([*frames, b''], '4 buffers for 3 arrays')
+
+
+def test_a_short_second_image_builds_no_array(monkeypatch):
+    monkeypatch.setattr(codec, '_build_array', _no_allocation)
+    frames = _two_camera_frames()
+    _refused([frames[0], frames[1], bytes(frames[2])[:-1], frames[3]], r'images\[1\]: 74 bytes')
 
 
 def test_decoded_arrays_do_not_alias_the_received_buffer():
     frames = [bytearray(f) for f in codec.encode(_request())]
     got = codec.decode(frames)
     frames[1][:] = bytes(len(frames[1]))
-    assert got.image.max() > 0
+    assert got.images[0].max() > 0
 
 
 def test_every_message_type_round_trips():
@@ -102,7 +168,7 @@ def _with_header(frames, header) -> list:
 def test_buffer_shorter_than_its_shape_is_refused():
     frames = codec.encode(_request())
     frames[1] = bytes(frames[1])[:-1]
-    with pytest.raises(codec.CodecError, match='array image: 59 bytes'):
+    with pytest.raises(codec.CodecError, match=r'array images\[0\]: 59 bytes'):
         codec.decode(frames)
 
 
@@ -260,8 +326,8 @@ def test_array_where_a_scalar_is_declared_is_refused():
 
 def test_field_sent_both_as_scalar_and_as_array_is_refused():
     header = _request_header()
-    header['fields']['image'] = 0
-    _refused_header(header, r'StepRequest\.image: an array field sent as a scalar')
+    header['fields']['images'] = 0
+    _refused_header(header, r'StepRequest\.images: an array field sent as a scalar')
 
 
 @pytest.mark.parametrize(
@@ -422,7 +488,7 @@ _MSGPACK_VALUES = st.recursive(
 @settings(max_examples=300, deadline=None, database=None)
 @given(
     section=st.sampled_from(['fields', 'arrays']),
-    name=st.sampled_from(['robot_id', 'step_seq', 'image', 'state', 'priority', 'evil']),
+    name=st.sampled_from(['robot_id', 'step_seq', 'images', 'state', 'priority', 'evil']),
     value=_MSGPACK_VALUES,
 )
 def test_random_header_values_either_decode_or_raise_codec_error(section, name, value):

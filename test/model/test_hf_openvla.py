@@ -95,7 +95,7 @@ def test_predict_equals_the_scheduled_cores_actions_for_the_same_frame(folders):
         now = time.time_ns()
         request = StepRequest(
             robot_id='r0', step_seq=1, stamp_ns=now, deadline_ns=now + 120 * 10**9,
-            received_ns=now, image=image, state=np.zeros(0, np.float32),
+            received_ns=now, images=(image,), state=np.zeros(0, np.float32),
             instruction=instruction, instruction_version=1,
         )  # fmt: skip
         assert core.submit(request, now) == []

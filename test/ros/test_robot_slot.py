@@ -67,7 +67,7 @@ def test_newest_observation_wins_and_the_dropped_one_is_counted():
     slot.offer_image(_obs(2 * MS, value=2))
     step = _take(slot, 3 * MS)
     assert isinstance(step, StepRequest)
-    assert step.stamp_ns == 2 * MS and int(step.image[0, 0, 0]) == 2
+    assert step.stamp_ns == 2 * MS and int(step.images[0][0, 0, 0]) == 2
     assert slot.num_superseded == 1
     assert step.priority == 3 and step.instruction == 'pick it up'
     assert step.deadline_ns == 2 * MS + BUDGET

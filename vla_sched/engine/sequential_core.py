@@ -171,7 +171,7 @@ class SequentialCore:
         state = request.state if self._info.num_state else None
         layout = self.prompts.build(request.instruction, state=state)
         timing = _Timing(*self.spec.sampled_token_range(whole_vocab=self.whole_vocab))
-        image = request.image
+        image = request.images[0]  # the primary camera: the model takes one image
         if self.config.robot_center_crop(request.robot_id):
             image = center_crop_image(image)
         start = time.perf_counter()

@@ -127,7 +127,7 @@ class StepTranslator:
         layout = self.prompts.build(request.instruction, state=state)
         images: tuple[ImageInput, ...] = ()
         if layout.num_image_tokens:
-            pixels = request.image
+            pixels = request.images[0]  # the primary camera: the model takes one image
             if request.robot_id in self.center_crop_robots:
                 pixels = center_crop_image(pixels)
             image = ImageInput(

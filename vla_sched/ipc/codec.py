@@ -1,10 +1,11 @@
 """Encode the frontend/engine messages as ZMQ frames, without pickle.
 
 A message is ``[header, *buffers]``: the header is msgpack (``type``, a version, the scalar
-fields, and for each numpy field its dtype, shape and buffer index); each array travels as
-one raw frame. Decoding checks the type, every field, every dtype against an allow-list and
-every buffer's length against its shape, so a corrupt or hostile frame raises ``CodecError``
-instead of building a wrong message.
+fields, and for each numpy field its dtype, shape and buffer index; for a field holding a
+tuple of arrays, such as ``StepRequest.images``, a list of 1 to ``MAX_ARRAYS_PER_FIELD`` of
+those); each array travels as one raw frame. Decoding checks the type, every field, every
+dtype against an allow-list and every buffer's length against its shape, so a corrupt or
+hostile frame raises ``CodecError`` instead of building a wrong message.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import numpy as np
 
 from vla_sched.ipc import messages as m
 
-VERSION = 2  # 2: EngineInfo.max_instruction_tokens is max_instruction_bytes
+VERSION = 3  # 3: StepRequest.images (a tuple of arrays) and EngineInfo.num_images
 ALLOWED_DTYPES = frozenset({'uint8', 'float32', 'float64', 'int32', 'int64'})
 MESSAGE_TYPES: dict[str, type] = {
     cls.__name__: cls
@@ -36,6 +37,8 @@ MESSAGE_TYPES: dict[str, type] = {
     )
 }
 _NESTED = {'robots': m.RobotStats}  # EngineStats.robots: dict[str, RobotStats]
+ARRAY_TUPLE = tuple[np.ndarray, ...]  # the declared type of a field holding several arrays
+MAX_ARRAYS_PER_FIELD = 8
 
 
 class CodecError(ValueError):
@@ -50,14 +53,24 @@ def encode(msg: Any) -> list[bytes | memoryview]:
     fields: dict[str, Any] = {}
     arrays: dict[str, list] = {}
     buffers: list[memoryview] = []
+
+    def descriptor(where: str, value: np.ndarray) -> list:
+        array = np.ascontiguousarray(value)
+        if array.dtype.name not in ALLOWED_DTYPES:
+            raise CodecError(f'{where}: dtype {array.dtype} is not allowed')
+        buffers.append(memoryview(array).cast('B'))
+        return [array.dtype.name, list(array.shape), len(buffers) - 1]
+
+    hints = _hints(type(msg))
     for f in dataclasses.fields(msg):
         value = getattr(msg, f.name)
-        if isinstance(value, np.ndarray):
-            array = np.ascontiguousarray(value)
-            if array.dtype.name not in ALLOWED_DTYPES:
-                raise CodecError(f'{name}.{f.name}: dtype {array.dtype} is not allowed')
-            arrays[f.name] = [array.dtype.name, list(array.shape), len(buffers)]
-            buffers.append(memoryview(array).cast('B'))
+        if hints[f.name] == ARRAY_TUPLE:
+            _check_tuple_len(f'{name}.{f.name}', value)
+            if not all(isinstance(item, np.ndarray) for item in value):
+                raise CodecError(f'{name}.{f.name}: expected a tuple of numpy arrays')
+            arrays[f.name] = [descriptor(f'{name}.{f.name}[{i}]', v) for i, v in enumerate(value)]
+        elif isinstance(value, np.ndarray):
+            arrays[f.name] = descriptor(f'{name}.{f.name}', value)
         elif isinstance(value, enum.Enum):
             fields[f.name] = value.value
         elif f.name in _NESTED:
@@ -133,6 +146,19 @@ def _required(cls: type) -> frozenset[str]:
     )
 
 
+def _holds_arrays(hint: Any) -> bool:
+    """Whether a field declared ``hint`` travels as buffers: an array or a tuple of arrays."""
+    return hint is np.ndarray or hint == ARRAY_TUPLE
+
+
+def _check_tuple_len(where: str, value: Any) -> None:
+    """``value`` is a tuple (or, decoded, a list) of 1 to ``MAX_ARRAYS_PER_FIELD`` items."""
+    if not isinstance(value, tuple | list):
+        raise CodecError(f'{where}: expected a tuple of arrays, got {type(value).__name__}')
+    if not 1 <= len(value) <= MAX_ARRAYS_PER_FIELD:
+        raise CodecError(f'{where}: {len(value)} arrays, expected 1 to {MAX_ARRAYS_PER_FIELD}')
+
+
 def _check_names(cls: type, fields: dict, arrays: dict) -> None:
     """No unknown field, every array field in ``arrays``, every other one in ``fields``."""
     where = cls.__name__
@@ -141,10 +167,10 @@ def _check_names(cls: type, fields: dict, arrays: dict) -> None:
     if unknown:
         raise CodecError(f'{where}: unknown fields {sorted(unknown, key=repr)}')
     for name in fields:
-        if hints[name] is np.ndarray:
+        if _holds_arrays(hints[name]):
             raise CodecError(f'{where}.{name}: an array field sent as a scalar')
     for name in arrays:
-        if hints[name] is not np.ndarray:
+        if not _holds_arrays(hints[name]):
             raise CodecError(f'{where}.{name}: a scalar field sent as an array')
     missing = _required(cls) - set(fields) - set(arrays)
     if missing:
@@ -229,20 +255,44 @@ def _product(dims: list[int]) -> int:
     return out
 
 
-def _array_specs(cls: type, arrays: dict, buffers: Sequence[memoryview]) -> list[_ArraySpec]:
-    """Every array descriptor checked, each buffer frame used by exactly one array."""
-    if len(buffers) != len(arrays):
-        raise CodecError(f'{cls.__name__}: {len(buffers)} buffers for {len(arrays)} arrays')
-    specs = [_array_spec(name, spec, buffers) for name, spec in arrays.items()]
-    indices = [spec.index for spec in specs]
+def _array_specs(
+    cls: type, arrays: dict, buffers: Sequence[memoryview]
+) -> dict[str, _ArraySpec | list[_ArraySpec]]:
+    """Every array descriptor checked (a tuple field's list of 1 to ``MAX_ARRAYS_PER_FIELD``
+    of them), each buffer frame used by exactly one array."""
+    hints = _hints(cls)
+    described: list[tuple[str, Any]] = []
+    for name, spec in arrays.items():
+        if hints[name] == ARRAY_TUPLE:
+            _check_tuple_len(f'{cls.__name__}.{name}', spec)
+            described.extend((f'{name}[{i}]', item) for i, item in enumerate(spec))
+        else:
+            described.append((name, spec))
+    if len(buffers) != len(described):
+        raise CodecError(f'{cls.__name__}: {len(buffers)} buffers for {len(described)} arrays')
+    checked = [_array_spec(name, spec, buffers) for name, spec in described]
+    indices = [spec.index for spec in checked]
     if len(set(indices)) != len(indices):
         raise CodecError(f'{cls.__name__}: arrays share a buffer ({indices})')
+    specs: dict[str, _ArraySpec | list[_ArraySpec]] = {}
+    items = iter(checked)
+    for name in arrays:
+        if hints[name] == ARRAY_TUPLE:
+            specs[name] = [next(items) for _ in arrays[name]]
+        else:
+            specs[name] = next(items)
     return specs
 
 
 def _build_array(spec: _ArraySpec) -> np.ndarray:
     # A copy: the message must not alias a ZMQ buffer that will be reused.
     return np.frombuffer(spec.buffer, dtype=spec.dtype).reshape(spec.shape).copy()
+
+
+def _build(spec: _ArraySpec | list[_ArraySpec]) -> np.ndarray | tuple[np.ndarray, ...]:
+    if isinstance(spec, list):
+        return tuple(_build_array(item) for item in spec)
+    return _build_array(spec)
 
 
 def decode(frames: Sequence[bytes | memoryview]) -> Any:
@@ -253,7 +303,8 @@ def decode(frames: Sequence[bytes | memoryview]) -> Any:
     ``VERSION``; ``type`` names a message; ``fields`` and ``arrays`` are maps naming only
     fields of that message, every array field in ``arrays`` and every other in ``fields``,
     none required missing; every field value has its declared type (enums and nested stats
-    included); there is one buffer frame per array, and each array descriptor has an allowed
+    included); a tuple-of-arrays field has a list of 1 to ``MAX_ARRAYS_PER_FIELD``
+    descriptors; there is one buffer frame per array, and each array descriptor has an allowed
     dtype, a list shape of at most ``MAX_NDIM`` non-negative ints whose size fits int64, a
     buffer index used by no other array, and a buffer of exactly the declared byte length.
 
@@ -271,7 +322,7 @@ def decode(frames: Sequence[bytes | memoryview]) -> Any:
     _check_names(cls, fields, arrays)
     kwargs = _fields(cls, fields, cls.__name__)
     specs = _array_specs(cls, arrays, views[1:])
-    kwargs.update((spec.name, _build_array(spec)) for spec in specs)
+    kwargs.update((name, _build(spec)) for name, spec in specs.items())
     try:
         return cls(**kwargs)
     except (TypeError, ValueError) as exc:  # unreachable after the checks above

@@ -39,7 +39,10 @@ class FailureReason(enum.Enum):
 class StepRequest:
     """One control step of one robot: its newest observation and what to do with it.
 
-    ``state`` is already in the checkpoint's state order (the frontend maps joint names).
+    ``images`` holds one image per camera of the robot, the primary (third-person) camera
+    first, then the others (wrist cameras) in the robot's configured order; the step's
+    ``stamp_ns`` is the primary's. ``state`` is already in the checkpoint's state order (the
+    frontend maps joint names).
     ``instruction_version`` increases whenever the robot's instruction changes; the engine
     swaps the robot's session prefix when it sees a new version.
     """
@@ -49,7 +52,7 @@ class StepRequest:
     stamp_ns: int  # the observation's stamp
     deadline_ns: int  # the step is useless after this time
     received_ns: int  # when the frontend received the observation
-    image: np.ndarray  # uint8 [H, W, 3], RGB
+    images: tuple[np.ndarray, ...]  # each uint8 [H, W, 3], RGB; the primary first
     state: np.ndarray  # float32 [num_state]
     instruction: str
     instruction_version: int
@@ -153,3 +156,5 @@ class EngineInfo:
     # What a robot's steps can share in the radix cache: 'instruction first' (the session
     # prefix: BOS and the instruction text) or 'image first' (OpenVLA: only BOS).
     prompt_layout: str = ''
+    # Length of StepRequest.images: the cameras each step carries (1 for OpenVLA and LLaVA).
+    num_images: int = 1

@@ -377,7 +377,7 @@ def _step_header_bytes(config: FrontendConfig) -> int:
         stamp_ns=widest,
         deadline_ns=widest,
         received_ns=widest,
-        image=np.zeros((1, 1, 3), dtype=np.uint8),
+        images=(np.zeros((1, 1, 3), dtype=np.uint8),),
         state=np.zeros(1, dtype=np.float32),
         instruction='x' * config.max_instruction_bytes,
         instruction_version=widest,

@@ -289,7 +289,7 @@ class RobotSlot:
             stamp_ns=obs.stamp_ns,
             deadline_ns=deadline_ns,
             received_ns=obs.received_ns,
-            image=obs.image,
+            images=(obs.image,),
             state=state,
             instruction=self.instruction,
             instruction_version=self.instruction_version,
