@@ -5,7 +5,8 @@ device copy of the engine's slot table; it copies the batch's rows of ``req_to_t
 each launch (on the CPU without padded paths a step ends inside ``launch``, so it reads
 the engine's table in place). Images are encoded once per content hash (a small LRU) and
 the rows a chunk covers replace its image placeholder tokens. ``RunnerConfig`` lives in
-``config`` and the padded paths in ``padded_paths`` (on the ``graph_runner`` base).
+``config`` and the padded paths in ``padded_paths`` (on the ``graph_runner`` base; their
+real and padding work is counted in ``padding_stats``).
 
 For the overlap loop, ``launch`` returns at once on a GPU (results are copied back on the
 side and ``result()`` waits for them), and an input id of ``-1`` stands for the token the
@@ -144,8 +145,9 @@ class ModelRunner:
 
     def padding_stats(self) -> dict[str, PaddingStats]:
         """What each path ran since the runner was built: ``'decode'`` (in request rows),
-        ``'prefill'`` (tokens) and ``'vision'`` (images); see ``padding_stats``. A decode
-        step too large for the decode path runs on the prefill path and counts there."""
+        ``'prefill'`` (tokens) and ``'vision'`` (images), as ``PaddingStats`` (module
+        ``padding_stats``). A decode step too large for the decode path runs on the prefill
+        path and counts there."""
         return {path: counter.snapshot() for path, counter in self._padding.items()}
 
     def launch(self, batch: ForwardBatch) -> LaunchedStep:

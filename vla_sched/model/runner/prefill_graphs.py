@@ -146,9 +146,8 @@ class PrefillGraphs(GraphRunner):
         num_tokens, num_reqs = piece.num_tokens, len(piece.rows)
         size = self.padded_size(num_tokens, num_reqs)
         assert size is not None  # split_prefill keeps a piece within the prepared limits
-        index = {'dtype': torch.int64}
-        prefix_lens = torch.tensor(piece.prefix_lens, **index)
-        extend_lens = torch.tensor(piece.extend_lens, **index)
+        prefix_lens = torch.tensor(piece.prefix_lens, dtype=torch.int64)
+        extend_lens = torch.tensor(piece.extend_lens, dtype=torch.int64)
         tokens = slice(piece.token_start, piece.token_end)
         positions, starts = extend_positions(prefix_lens, extend_lens, num_tokens=num_tokens)
         device = self.embeds.device
