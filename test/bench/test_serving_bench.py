@@ -248,6 +248,17 @@ def test_engine_paced_judges_each_count_by_the_capacity_rule(tmp_path):
         assert 0 < p['capacity']['rate_share'] <= 1.0
 
 
+def test_engine_paced_sets_mixed_passes_in_the_scheduler_settings_it_builds_the_core_with():
+    from vla_sched.engine.scheduled_core import scheduler_config_for
+
+    paced = _bench('engine_paced')
+    for mixed in (True, False):
+        core = paced.make_core('', device='cpu', cuda_graphs=False, mixed_passes=mixed)
+        assert core.scheduler.config.enable_mixed_chunk is mixed
+    engine_default = paced.make_core('', device='cpu', cuda_graphs=False)
+    assert engine_default.scheduler.config == scheduler_config_for(engine_default.config, 'cpu')
+
+
 def test_sim_policies_prints_a_row_per_variant_on_the_simulated_clock(capsys):
     policies = _bench('sim_policies')
     argv = ['--robots', '2', '--duration-s', '1', '--policies', 'fcfs', '--no-overlap-row']
