@@ -230,6 +230,7 @@ def test_every_parameter_reaches_its_field_of_the_config():
     values['robots.robot_0.namespace'] = 'ns_0'
     values['robots.robot_0.state_joint_names'] = ('j0',)
     values['robots.robot_0.action_joint_names'] = ('a0',)
+    values['robots.robot_0.camera_topics'] = ('camera/image_raw', 'wrist/image_raw')
     values['robots.robot_0.action_space'] = 'joint_position'  # publish_joint_trajectory is on
     for name in EE_DELTA_OUTPUTS:  # they need ee_delta: reached on their own below
         values[f'robots.robot_0.{name}'] = False
@@ -487,3 +488,19 @@ def test_unknown_names_are_listed_with_close_declared_ones():
         "unknown parameters: robots.b.period_s (b is not in robot_ids ['a']; closest: "
         'robots.a.period_s); zzz (no declared name is close)'
     )
+
+
+@pytest.mark.parametrize(
+    ('topics', 'match'),
+    [
+        ((), r'camera_topics must list 1 to 8 topics'),
+        (tuple(f'cam_{i}/image_raw' for i in range(9)), r'camera_topics must list 1 to 8'),
+        (('camera/image_raw', 'camera/image_raw'), r'camera_topics lists a name twice'),
+        (('/camera/image_raw',), r"camera_topics: '/camera/image_raw' is not a topic name"),
+        (('camera//image_raw',), r"camera_topics: 'camera//image_raw' is not a topic name"),
+    ],
+)
+def test_camera_topics_must_be_one_to_eight_distinct_relative_names(topics, match):
+    with pytest.raises(ConfigError, match=rf'robots\.arm\.{match}'):
+        RobotConfig('arm', camera_topics=topics)
+    assert RobotConfig('arm').camera_topics == ('camera/image_raw',)

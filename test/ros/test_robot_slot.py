@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from vla_sched.ipc.messages import FailureReason, StepFailure, StepRequest, StepResult
+from vla_sched.ros.camera_sync import CameraFrame
 from vla_sched.ros.node_config import RobotConfig
 from vla_sched.ros.robot_slot import (
-    Observation,
     Refusal,
     RobotSlot,
     stale_state_problem,
@@ -30,14 +30,19 @@ def _slot(**overrides) -> RobotSlot:
     return RobotSlot(RobotConfig(**fields), window_s=1.0, created_ns=0)
 
 
-def _obs(stamp_ns: int, value: int = 0) -> Observation:
-    return Observation(
-        image=np.full((2, 2, 3), value, np.uint8), stamp_ns=stamp_ns, received_ns=stamp_ns
+def _obs(stamp_ns: int, value: int = 0, *, received_ns: int | None = None) -> CameraFrame:
+    received_ns = stamp_ns if received_ns is None else received_ns
+    return CameraFrame(
+        image=np.full((2, 2, 3), value, np.uint8), stamp_ns=stamp_ns, received_ns=received_ns
     )
 
 
-def _take(slot: RobotSlot, now: int, num_state: int = 0):
-    return slot.take_step(now, budget_ns=BUDGET, num_state=num_state, priority=3)
+def _take(slot: RobotSlot, now: int, num_state: int = 0, num_images: int = 0):
+    """``num_images`` 0: the checkpoint takes as many images as the robot has cameras."""
+    num_images = num_images or slot.cameras.num_cameras
+    return slot.take_step(
+        now, budget_ns=BUDGET, num_state=num_state, num_images=num_images, priority=3
+    )
 
 
 def _send(slot: RobotSlot, now: int) -> StepRequest:
@@ -414,3 +419,65 @@ def test_instruction_changes_are_reported_at_most_once_per_interval_with_their_c
     assert throttle.due(4 * S) == 0
     assert throttle.due(5 * S) == 299  # the rest, in one report
     assert throttle.due(11 * S) == 0
+
+
+TWO_CAMERAS = ('camera/image_raw', 'wrist/image_raw')
+
+
+def test_a_two_camera_robot_is_due_once_both_images_are_in_and_sends_both_primary_first():
+    slot = _slot(trigger='on_image', camera_topics=TWO_CAMERAS, max_camera_skew_s=0.05)
+    slot.offer_image(_obs(100 * MS, value=1))
+    assert not slot.is_due(101 * MS)
+    assert slot.due_at_ns() == 150 * MS  # the end of the wait for the wrist camera
+    slot.offer_image(_obs(110 * MS, value=2), camera=1)
+    assert slot.is_due(111 * MS) and slot.due_at_ns() is None
+    step = _take(slot, 111 * MS)
+    assert isinstance(step, StepRequest) and step.stamp_ns == 100 * MS
+    assert [int(image[0, 0, 0]) for image in step.images] == [1, 2]
+
+
+def test_a_step_whose_second_camera_is_silent_is_refused_once_its_wait_is_over():
+    slot = _slot(trigger='on_image', camera_topics=TWO_CAMERAS, max_camera_skew_s=0.05)
+    slot.offer_image(_obs(100 * MS))
+    assert not slot.is_due(149 * MS) and slot.is_due(150 * MS)
+    refusal = _take(slot, 150 * MS)
+    assert isinstance(refusal, Refusal) and refusal.reason is FailureReason.CAMERAS_INCOMPLETE
+    assert refusal.stamp_ns == 100 * MS
+    assert refusal.detail == (
+        "no image within robots.r1.max_camera_skew_s = 0.05 s of the primary camera's stamp "
+        'from wrist/image_raw (none received yet)'
+    )
+    assert slot.view(150 * MS).refused_by_reason == {'cameras_incomplete': 1}
+
+
+def test_a_periodic_robot_waiting_for_a_camera_is_due_at_the_later_of_period_and_wait():
+    slot = _slot(camera_topics=TWO_CAMERAS, max_camera_skew_s=0.05, period_s=0.1)
+    slot.offer_image(_obs(0))
+    slot.offer_image(_obs(0), camera=1)
+    slot.finish(_result(_send(slot, 0)), 1 * MS)  # the next period starts at 100 ms
+    slot.offer_image(_obs(60 * MS))  # the wrist's image (at 0) is too far: wait to 110 ms
+    assert slot.due_at_ns() == 110 * MS
+    slot.offer_image(_obs(90 * MS))  # replaces an incomplete observation: keeps its wait
+    assert slot.due_at_ns() == 110 * MS and not slot.is_due(109 * MS)
+    refusal = _take(slot, 110 * MS)
+    assert isinstance(refusal, Refusal) and refusal.reason is FailureReason.CAMERAS_INCOMPLETE
+    assert 'wrist/image_raw (its newest is stamped 0.090 s before)' in refusal.detail
+
+
+def test_a_robot_whose_camera_count_is_not_the_checkpoints_is_refused_naming_both():
+    slot = _slot(trigger='on_image', camera_topics=TWO_CAMERAS)
+    slot.offer_image(_obs(0))
+    slot.offer_image(_obs(0), camera=1)
+    refusal = _take(slot, 1 * MS, num_images=1)
+    assert isinstance(refusal, Refusal) and refusal.reason is FailureReason.MALFORMED_IMAGE
+    assert refusal.detail == (
+        'the checkpoint takes 1 image per step but robots.r1.camera_topics lists 2 cameras'
+    )
+
+
+def test_only_the_primary_camera_supersedes_observations_and_counts_as_input():
+    slot = _slot(trigger='on_image', camera_topics=TWO_CAMERAS)
+    slot.offer_image(_obs(0), camera=1)
+    slot.offer_image(_obs(1 * MS), camera=1)
+    assert slot.pending is None and slot.num_superseded == 0
+    assert not slot.view(2 * MS).seen_image

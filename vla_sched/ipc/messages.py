@@ -33,6 +33,7 @@ class FailureReason(enum.Enum):
     CANCELLED = 'cancelled'
     STALE_STATE = 'stale_state'
     INACTIVE = 'inactive'
+    CAMERAS_INCOMPLETE = 'cameras_incomplete'
 
 
 @dataclass(frozen=True, slots=True, eq=False)

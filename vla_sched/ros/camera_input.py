@@ -1,17 +1,21 @@
 """Camera images into their robots' slots: stamp checked, converted, newest image first.
 
+Each of a robot's cameras (``RobotConfig.camera_topics``) goes through here on its own, named
+by its place among the robot's cameras (0: the primary); the robot's slot puts their images
+together into observations (``camera_sync``).
+
 Every image's stamp is checked first (``robot_slot.stamp_problem``). A raw image of at most
 ``INLINE_MAX_BYTES`` is then converted at once on the executor's thread: its conversion is
 its checks and one copy of at most that many bytes (well under a millisecond), cheaper than
 handing it to a thread and waking the executor again for the result. A compressed image (a
 decode whose cost its bytes do not bound) or a larger raw one is converted by an
 ``ImageIntake`` worker, so a slow or hostile image never holds the executor that serves the
-other robots; a guard condition brings the results back to the executor. An image of a robot
-whose earlier image is still with the workers goes to them too, so a robot's images reach its
-slot in arrival order.
+other robots; a guard condition brings the results back to the executor. An image of a camera
+whose earlier image is still with the workers goes to them too, so a camera's images reach
+its slot in arrival order.
 
-Either way a converted image becomes the robot's newest observation (``RobotSlot.offer_image``)
-and ``on_new`` is called, and an image that cannot be used is answered through ``refuse``
+Either way a converted image goes to its robot's slot (``RobotSlot.offer_image``) and
+``on_new`` is called, and an image that cannot be used is answered through ``refuse``
 (``MALFORMED_IMAGE``, with what its stamp or its conversion said).
 """
 
@@ -25,9 +29,10 @@ from typing import Any, Protocol
 from rclpy.node import Node
 
 from vla_sched.ipc.messages import FailureReason
+from vla_sched.ros.camera_sync import CameraFrame
 from vla_sched.ros.conversions import compressed_to_rgb, image_to_rgb, stamp_to_ns
 from vla_sched.ros.image_intake import Converted, ImageIntake, run_conversion
-from vla_sched.ros.robot_slot import Observation, RobotSlot, stamp_problem
+from vla_sched.ros.robot_slot import RobotSlot, stamp_problem
 
 INLINE_MAX_BYTES = 1 << 20  # a 640x480 rgb8 frame (921,600 bytes) is converted inline
 NS_PER_S = 1_000_000_000
@@ -62,8 +67,8 @@ class CameraInput:
         self._converted_ready = node.create_guard_condition(self._take_converted)
         self.intake = ImageIntake(on_ready=self._wake_for_converted)
 
-    def on_image(self, slot: RobotSlot, msg, *, compressed: bool) -> None:
-        """The subscription callback of ``slot``'s camera (executor thread)."""
+    def on_image(self, slot: RobotSlot, msg, *, compressed: bool, camera: int = 0) -> None:
+        """The subscription callback of camera ``camera`` of ``slot`` (executor thread)."""
         now = self._now_ns()
         stamp = stamp_to_ns(msg.header.stamp)
         problem = stamp_problem(stamp, now, max_future_ns=self._max_future_ns)
@@ -73,10 +78,11 @@ class CameraInput:
         convert = compressed_to_rgb if compressed else image_to_rgb
         job = functools.partial(convert, msg, max_pixels=self._max_pixels)
         inline = not compressed and len(msg.data) <= INLINE_MAX_BYTES
-        if inline and not self.intake.holds(slot.robot_id):
-            self._offer(slot, run_conversion(slot.robot_id, job, stamp_ns=stamp, received_ns=now))
+        times = dict(stamp_ns=stamp, received_ns=now, camera=camera)
+        if inline and not self.intake.holds(slot.robot_id, camera):
+            self._offer(slot, run_conversion(slot.robot_id, job, **times))
             self._on_new()
-        elif self.intake.submit(slot.robot_id, job, stamp_ns=stamp, received_ns=now):
+        elif self.intake.submit(slot.robot_id, job, **times) and camera == 0:
             slot.supersede_unconverted()
 
     def close(self) -> None:
@@ -102,9 +108,10 @@ class CameraInput:
             )
             return
         slot.offer_image(
-            Observation(
+            CameraFrame(
                 image=converted.image,
                 stamp_ns=converted.stamp_ns,
                 received_ns=converted.received_ns,
-            )
+            ),
+            converted.camera,
         )

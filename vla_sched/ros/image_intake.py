@@ -4,15 +4,16 @@ Decoding a compressed image (or repacking a raw one) can take long; done in a su
 callback it would hold the executor that publishes chunks, /diagnostics and the engine
 heartbeat for every robot. ``ImageIntake`` runs the conversions on a few worker threads:
 
-- each robot has at most one image waiting; a newer one replaces it (``submit`` says so, so
-  the caller counts the older as superseded), which bounds the memory held per robot;
-- each robot has at most one image in conversion, so its results come back in arrival order;
-- waiting robots are served in the order their images arrived, so a robot whose images are
+- each camera of a robot has at most one image waiting; a newer one replaces it (``submit``
+  says so, so the caller counts the older as superseded), which bounds the memory held per
+  camera;
+- each camera has at most one image in conversion, so its results come back in arrival order;
+- waiting cameras are served in the order their images arrived, so a camera whose images are
   slow to convert delays the others by at most one conversion per worker;
 - a conversion that raises becomes an error result; the workers never stop on one.
 
 ``run_conversion`` runs one conversion the same way on the caller's thread, for an image too
-small to be worth a thread (``holds`` says whether its robot still has one here, which must
+small to be worth a thread (``holds`` says whether its camera still has one here, which must
 come back first).
 
 Results are collected with ``take`` on the caller's thread; ``on_ready`` is called (from a
@@ -42,18 +43,25 @@ class Converted:
     received_ns: int
     image: np.ndarray | None
     error: str
+    camera: int = 0  # the camera's place in its robot's camera_topics
 
 
 @dataclass(frozen=True, slots=True)
 class _Job:
     robot_id: str
+    camera: int
     stamp_ns: int
     received_ns: int
     convert: Callable[[], np.ndarray]
 
+    @property
+    def source(self) -> tuple[str, int]:
+        return self.robot_id, self.camera
+
 
 class ImageIntake:
-    """Worker threads converting the newest image of each robot (see the module docstring)."""
+    """Worker threads converting the newest image of each robot's cameras (see the module
+    docstring)."""
 
     def __init__(
         self,
@@ -66,8 +74,9 @@ class ImageIntake:
             raise ValueError(f'num_workers must be at least 1, got {num_workers}')
         self._on_ready = on_ready
         self._lock = threading.Condition()
-        self._waiting: dict[str, _Job] = {}  # insertion order is arrival order
-        self._converting: set[str] = set()
+        # Keyed by (robot id, camera); insertion order is arrival order.
+        self._waiting: dict[tuple[str, int], _Job] = {}
+        self._converting: set[tuple[str, int]] = set()
         self._results: list[Converted] = []
         self._closed = False
         self._workers = [
@@ -84,19 +93,21 @@ class ImageIntake:
         *,
         stamp_ns: int,
         received_ns: int,
+        camera: int = 0,
     ) -> bool:
         """Queue ``convert`` (which returns the RGB image or raises ``ConversionError``) for
-        ``robot_id``; True if it replaced that robot's image still waiting.
+        camera ``camera`` of ``robot_id``; True if it replaced that camera's image still
+        waiting.
 
         Raises:
             RuntimeError: after ``close``.
         """
-        job = _Job(robot_id, stamp_ns, received_ns, convert)
+        job = _Job(robot_id, camera, stamp_ns, received_ns, convert)
         with self._lock:
             if self._closed:
                 raise RuntimeError('image intake is closed')
-            replaced = self._waiting.pop(robot_id, None) is not None
-            self._waiting[robot_id] = job  # a replacement queues behind the others
+            replaced = self._waiting.pop(job.source, None) is not None
+            self._waiting[job.source] = job  # a replacement queues behind the others
             self._lock.notify()
         return replaced
 
@@ -106,10 +117,11 @@ class ImageIntake:
             results, self._results = self._results, []
         return results
 
-    def holds(self, robot_id: str) -> bool:
-        """Whether an image of ``robot_id`` is waiting or in conversion."""
+    def holds(self, robot_id: str, camera: int = 0) -> bool:
+        """Whether an image of camera ``camera`` of ``robot_id`` is waiting or in conversion."""
+        source = robot_id, camera
         with self._lock:
-            return robot_id in self._waiting or robot_id in self._converting
+            return source in self._waiting or source in self._converting
 
     @property
     def num_waiting(self) -> int:
@@ -130,30 +142,39 @@ class ImageIntake:
             while True:
                 if self._closed:
                     return None
-                for robot_id in self._waiting:
-                    if robot_id not in self._converting:
-                        self._converting.add(robot_id)
-                        return self._waiting.pop(robot_id)
+                for source in self._waiting:
+                    if source not in self._converting:
+                        self._converting.add(source)
+                        return self._waiting.pop(source)
                 self._lock.wait()
 
     def _work(self) -> None:
         while (job := self._next_job()) is not None:
             result = _run(job)
             with self._lock:
-                self._converting.discard(job.robot_id)
+                self._converting.discard(job.source)
                 self._results.append(result)
-                self._lock.notify_all()  # this robot's next image may now be taken
+                self._lock.notify_all()  # this camera's next image may now be taken
             self._on_ready()
 
 
 def _run(job: _Job) -> Converted:
     return run_conversion(
-        job.robot_id, job.convert, stamp_ns=job.stamp_ns, received_ns=job.received_ns
+        job.robot_id,
+        job.convert,
+        stamp_ns=job.stamp_ns,
+        received_ns=job.received_ns,
+        camera=job.camera,
     )
 
 
 def run_conversion(
-    robot_id: str, convert: Callable[[], np.ndarray], *, stamp_ns: int, received_ns: int
+    robot_id: str,
+    convert: Callable[[], np.ndarray],
+    *,
+    stamp_ns: int,
+    received_ns: int,
+    camera: int = 0,
 ) -> Converted:
     """Run ``convert`` now: its image, or the error that any exception it raises becomes."""
     image, error = None, ''
@@ -163,4 +184,4 @@ def run_conversion(
         error = str(exc)
     except Exception as exc:
         error = f'image conversion failed: {type(exc).__name__}: {exc}'
-    return Converted(robot_id, stamp_ns, received_ns, image, error)
+    return Converted(robot_id, stamp_ns, received_ns, image, error, camera)

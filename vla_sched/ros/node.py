@@ -385,9 +385,12 @@ class VlaSchedNode(LifecycleNode):
                 if due_ns is not None and (next_due_ns is None or due_ns < next_due_ns):
                     next_due_ns = due_ns
                 continue
-            num_state = info.num_state if info is not None else 0
             step = slot.take_step(
-                now, budget_ns=budget_ns, num_state=num_state, priority=slot.config.priority
+                now,
+                budget_ns=budget_ns,
+                num_state=info.num_state if info is not None else 0,
+                num_images=info.num_images if info is not None else 0,
+                priority=slot.config.priority,
             )
             if isinstance(step, Refusal):
                 self.outcomes.publish_refusal(step)
@@ -451,7 +454,8 @@ class VlaSchedNode(LifecycleNode):
         weights = ' (random weights: actions are meaningless)' if info.random_weights else ''
         self.get_logger().info(
             f'engine ready: {info.model_name}{weights}; state {info.num_state}, '
-            f'actions {info.action_horizon}x{info.action_dim}, image {info.image_size}px'
+            f'actions {info.action_horizon}x{info.action_dim}, {info.num_images} image(s) of '
+            f'{info.image_size}px per step'
         )
         for slot in self.slots.values():
             try:
@@ -463,6 +467,13 @@ class VlaSchedNode(LifecycleNode):
                 self.get_logger().error(
                     f'robots.{slot.robot_id}.state_joint_names has {len(names)} names; the '
                     f'checkpoint takes {info.num_state} state values'
+                )
+            num_cameras = slot.config.num_cameras
+            if num_cameras != info.num_images:
+                self.get_logger().error(
+                    f'robots.{slot.robot_id}.camera_topics has {num_cameras} cameras; the '
+                    f'checkpoint takes {info.num_images} images per step: every step of this '
+                    'robot is refused'
                 )
 
     def _on_engine_death(self, why: str) -> None:

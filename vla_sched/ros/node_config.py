@@ -30,6 +30,7 @@ NUM_TWIST_COLUMNS = 6  # x y z roll pitch yaw: the columns an ee_delta twist is 
 GRIPPER_COLUMN = 6  # the gripper's column of a 7-value ee_delta action
 _ROBOT_ID = re.compile(r'[A-Za-z][A-Za-z0-9_]*')
 _NAMESPACE = re.compile(r'/?[A-Za-z][A-Za-z0-9_]*(/[A-Za-z][A-Za-z0-9_]*)*')
+_RELATIVE_TOPIC = re.compile(r'[A-Za-z][A-Za-z0-9_]*(/[A-Za-z][A-Za-z0-9_]*)*')
 
 
 class ConfigError(ValueError):
@@ -63,6 +64,13 @@ class RobotConfig:
     ``center_crop`` gives each of the robot's images OpenVLA's LIBERO center crop (the
     central 90% of the area resized back to 224x224) before the model sees it: the LIBERO
     fine-tunes of OpenVLA were trained on such crops and need it.
+
+    ``camera_topics`` are the robot's cameras, relative to its namespace, the primary
+    (third-person) camera first, then the others (wrist cameras) in the order the checkpoint
+    takes them; each step carries one image of each, stamped within ``max_camera_skew_s`` of
+    the primary's, and waits at most that long after the primary's image for the others
+    (``camera_sync``). With ``image_transport: compressed`` each is subscribed with
+    ``/compressed`` appended.
     """
 
     robot_id: str
@@ -136,6 +144,18 @@ class RobotConfig:
         "center-crop each image to 90% of its area and resize it back to 224x224, as OpenVLA's "
         'LIBERO evaluation does (needed by the LIBERO fine-tunes)',
     )
+    camera_topics: tuple[str, ...] = setting(
+        ('camera/image_raw',),
+        "image topics relative to the robot's namespace, the primary camera first, then the "
+        'others (wrist cameras); a step carries one image of each',
+    )
+    max_camera_skew_s: float = setting(
+        0.05,
+        "with several cameras: the most another camera's image may be stamped from the "
+        "primary's, and the longest a step waits for them after the primary's image (s)",
+        min_value=0.001,
+        max_value=10.0,
+    )
 
     def __post_init__(self) -> None:
         owner = f'robots.{self.robot_id}'
@@ -148,6 +168,18 @@ class RobotConfig:
         if self.namespace and not _NAMESPACE.fullmatch(self.namespace):
             raise ConfigError(f'{owner}.namespace {self.namespace!r} is not a valid namespace')
         _names(owner, 'state_joint_names', self.state_joint_names)
+        _names(owner, 'camera_topics', self.camera_topics)
+        if not 1 <= len(self.camera_topics) <= codec.MAX_ARRAYS_PER_FIELD:
+            raise ConfigError(
+                f'{owner}.camera_topics must list 1 to {codec.MAX_ARRAYS_PER_FIELD} topics, got '
+                f'{list(self.camera_topics)}'
+            )
+        for topic in self.camera_topics:
+            if not _RELATIVE_TOPIC.fullmatch(topic):
+                raise ConfigError(
+                    f'{owner}.camera_topics: {topic!r} is not a topic name relative to the '
+                    "robot's namespace (letters, digits, underscores and '/', no leading '/')"
+                )
         _names(owner, 'action_joint_names', self.action_joint_names)
         if self.publish_joint_trajectory and self.action_space != 'joint_position':
             raise ConfigError(
@@ -166,6 +198,10 @@ class RobotConfig:
     @property
     def topic_namespace(self) -> str:
         return self.namespace or self.robot_id
+
+    @property
+    def num_cameras(self) -> int:
+        return len(self.camera_topics)
 
     def action_names(self, action_dim: int) -> tuple[str, ...]:
         """Column names for a chunk with ``action_dim`` values per action.
@@ -310,14 +346,17 @@ class FrontendConfig:
         self._check_step_fits_a_frame()
 
     def largest_step_bytes(self) -> int:
-        """Bytes of the largest step the node can send: an RGB image of
-        ``max_image_pixels``, the longest configured state and the step header with an
-        instruction of ``max_instruction_bytes`` (its array shapes counted at their widest)."""
+        """Bytes of the largest step the node can send, counted as if it were one transport
+        frame: an RGB image of ``max_image_pixels``, the longest configured state and the
+        step header with an instruction of ``max_instruction_bytes`` and an image entry per
+        camera of the robot with the most cameras (its array shapes counted at their widest).
+        Each further camera's image travels in a frame of its own, which this bounds too."""
         num_state = max(len(r.state_joint_names) for r in self.robots)
+        num_cameras = max(r.num_cameras for r in self.robots)
         return (
             self.max_image_pixels * 3
             + num_state * np.dtype(np.float32).itemsize
-            + _step_header_bytes(self)
+            + _step_header_bytes(self, num_images=num_cameras)
         )
 
     def _check_step_fits_a_frame(self) -> None:
@@ -367,9 +406,10 @@ class FrontendConfig:
 _SHAPE_SLACK_BYTES = 64  # msgpack ints of the widest image and state shapes, over zeros
 
 
-def _step_header_bytes(config: FrontendConfig) -> int:
-    """The encoded header of a step with the longest robot id and instruction and the widest
-    integers; its arrays are tiny here, so their shapes get ``_SHAPE_SLACK_BYTES``."""
+def _step_header_bytes(config: FrontendConfig, *, num_images: int) -> int:
+    """The encoded header of a step with ``num_images`` images, the longest robot id and
+    instruction and the widest integers; its arrays are tiny here, so their shapes get
+    ``_SHAPE_SLACK_BYTES`` per image."""
     widest = 2**63 - 1
     step = StepRequest(
         robot_id=max((r.robot_id for r in config.robots), key=len),
@@ -377,11 +417,11 @@ def _step_header_bytes(config: FrontendConfig) -> int:
         stamp_ns=widest,
         deadline_ns=widest,
         received_ns=widest,
-        images=(np.zeros((1, 1, 3), dtype=np.uint8),),
+        images=(np.zeros((1, 1, 3), dtype=np.uint8),) * num_images,
         state=np.zeros(1, dtype=np.float32),
         instruction='x' * config.max_instruction_bytes,
         instruction_version=widest,
         priority=-widest,
     )
     header = codec.encode(step)[0]
-    return len(header) + _SHAPE_SLACK_BYTES
+    return len(header) + _SHAPE_SLACK_BYTES * num_images

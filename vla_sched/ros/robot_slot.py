@@ -9,6 +9,10 @@ copied here.
 The rules a robot relies on live here, free of ROS so they can be tested with a fake clock:
 - newest observation wins: an image that was never sent is dropped (and counted) when a
   newer one arrives;
+- an observation is one image per camera (``camera_sync``): a robot with several cameras is
+  due only once each camera's image is in, and a step whose cameras did not all send one in
+  time is refused (``CAMERAS_INCOMPLETE``), as is one whose camera count is not the
+  checkpoint's;
 - at most one step in flight: a robot is due only when nothing of it is in the engine;
 - ``periodic`` robots are due once per period, ``on_image`` robots on every new image;
 - a step whose deadline (image stamp + budget) has passed is refused before it is sent;
@@ -30,6 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from vla_sched.ipc.messages import FailureReason, StepFailure, StepRequest, StepResult
+from vla_sched.ros.camera_sync import CameraFrame, CameraSync, Observation
 from vla_sched.ros.node_config import RobotConfig
 from vla_sched.ros.text_bounds import MAX_DETAIL_CHARS, bounded
 from vla_sched.ros.windows import CountingThrottle, EventWindow, MsLatencyWindow
@@ -92,15 +97,6 @@ def stale_state_problem(
 
 
 @dataclass(frozen=True, slots=True)
-class Observation:
-    """A converted camera image waiting to be sent."""
-
-    image: np.ndarray
-    stamp_ns: int
-    received_ns: int
-
-
-@dataclass(frozen=True, slots=True)
 class InFlight:
     """The step this robot has in the engine."""
 
@@ -153,7 +149,11 @@ class RobotSlot:
         self.config = config
         self.robot_id = config.robot_id
         self.period_ns = round(config.period_s * NS_PER_S)
-        self.pending: Observation | None = None
+        self.cameras = CameraSync(
+            config.camera_topics,
+            max_skew_s=config.max_camera_skew_s,
+            owner=f'robots.{config.robot_id}',
+        )
         self.in_flight: InFlight | None = None
         self.state: np.ndarray | None = None
         self.state_stamp_ns = 0  # of ``state``
@@ -190,15 +190,22 @@ class RobotSlot:
 
     # --- inputs (called from subscription callbacks, already converted) -------------------
 
-    def offer_image(self, obs: Observation) -> None:
-        """Keep ``obs`` as the newest observation; an unsent older one is superseded."""
-        if self.pending is not None:
+    @property
+    def pending(self) -> Observation | None:
+        """The observation waiting to be sent (``camera_sync.Observation``), or None."""
+        return self.cameras.pending
+
+    def offer_image(self, frame: CameraFrame, camera: int = 0) -> None:
+        """Take ``frame`` from camera ``camera`` (0: the primary, whose image starts a new
+        observation; an unsent older one is superseded)."""
+        if self.cameras.offer(camera, frame):
             self.num_superseded += 1
-        self.pending = obs
+        if camera != 0:
+            return
         if self.first_image_ns is None:
-            self.first_image_ns = obs.received_ns
-        self.last_image_ns = obs.received_ns
-        self._image_times.add(obs.received_ns)
+            self.first_image_ns = frame.received_ns
+        self.last_image_ns = frame.received_ns
+        self._image_times.add(frame.received_ns)
 
     def supersede_unconverted(self) -> None:
         """An image waiting for conversion was replaced by a newer one: it is superseded
@@ -239,37 +246,43 @@ class RobotSlot:
     # --- dispatch --------------------------------------------------------------------------
 
     def is_due(self, now_ns: int) -> bool:
-        """An unsent observation, nothing in flight, and (periodic) its period has come."""
-        if self.pending is None or self.in_flight is not None:
+        """An unsent observation with every camera's image in (or whose wait for them is
+        over), nothing in flight, and (periodic) its period has come."""
+        if not self.cameras.is_ready(now_ns) or self.in_flight is not None:
             return False
         if self.config.trigger == 'on_image' or self._next_due_ns is None:
             return True
         return now_ns >= self._next_due_ns
 
     def due_at_ns(self) -> int | None:
-        """When a robot that waits only for its period becomes due (its period's start),
-        or None: it is due on an event (an image, the end of its step in flight) or now."""
+        """When a robot that waits only for time becomes due (its period's start, or the
+        end of its observation's wait for cameras, whichever is later), or None: it is due on
+        an event (an image, the end of its step in flight) or now."""
         if self.pending is None or self.in_flight is not None:
             return None
-        if self.config.trigger == 'on_image':
-            return None
-        return self._next_due_ns
+        times = [self.cameras.ready_at_ns()]
+        if self.config.trigger == 'periodic':
+            times.append(self._next_due_ns)
+        known = [t for t in times if t is not None]
+        return max(known) if known else None
 
     def take_step(
-        self, now_ns: int, *, budget_ns: int, num_state: int, priority: int
+        self, now_ns: int, *, budget_ns: int, num_state: int, num_images: int, priority: int
     ) -> StepRequest | Refusal:
         """Turn the pending observation into a step, or refuse it (it is consumed either way).
 
+        ``num_images`` is the checkpoint's images per step (0: not known yet, not checked).
         A refusal is already counted; the caller publishes it. A request is the caller's to
         send, followed by ``mark_sent`` (or ``refuse`` if sending failed).
         """
-        obs = self.pending
-        if obs is None:
+        if self.pending is None:
             raise RuntimeError(f'robot {self.robot_id}: take_step without an observation')
-        self.pending = None
+        obs, cameras_problem = self.cameras.take()
         self._advance_schedule(now_ns)
         deadline_ns = obs.stamp_ns + budget_ns
-        problem = self._input_problem(num_state, image_stamp_ns=obs.stamp_ns, now_ns=now_ns)
+        problem = self._input_problem(
+            num_state, num_images, cameras_problem, image_stamp_ns=obs.stamp_ns, now_ns=now_ns
+        )
         if problem is not None:
             return self._refusal(obs.stamp_ns, *problem, now_ns=now_ns)
         if now_ns > deadline_ns:
@@ -289,7 +302,7 @@ class RobotSlot:
             stamp_ns=obs.stamp_ns,
             deadline_ns=deadline_ns,
             received_ns=obs.received_ns,
-            images=(obs.image,),
+            images=obs.images,
             state=state,
             instruction=self.instruction,
             instruction_version=self.instruction_version,
@@ -297,10 +310,25 @@ class RobotSlot:
         )
 
     def _input_problem(
-        self, num_state: int, *, image_stamp_ns: int, now_ns: int
+        self,
+        num_state: int,
+        num_images: int,
+        cameras_problem: str | None,
+        *,
+        image_stamp_ns: int,
+        now_ns: int,
     ) -> tuple[FailureReason, str] | None:
         if not self.instruction:
             return FailureReason.INVALID_INSTRUCTION, self.instruction_error
+        num_cameras = self.cameras.num_cameras
+        if num_images and num_cameras != num_images:
+            return (
+                FailureReason.MALFORMED_IMAGE,
+                f'the checkpoint takes {num_images} image{"s" if num_images > 1 else ""} per '
+                f'step but robots.{self.robot_id}.camera_topics lists {num_cameras} cameras',
+            )
+        if cameras_problem is not None:
+            return FailureReason.CAMERAS_INCOMPLETE, cameras_problem
         if num_state > 0:
             names = self.config.state_joint_names
             if len(names) != num_state:

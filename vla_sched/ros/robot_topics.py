@@ -1,9 +1,10 @@
 """One robot's topics on the node: what it subscribes and what it publishes.
 
-Under the robot's namespace the node subscribes ``camera/image_raw`` (sensor-data QoS; or
-``camera/image_raw/compressed``), ``joint_states`` (only for a robot with
-``state_joint_names``: a robot that sends no state to the checkpoint costs no wake-up per
-joint state) and ``vla/instruction`` (transient local), and publishes ``vla/action_chunk``,
+Under the robot's namespace the node subscribes each of its ``camera_topics`` (by default
+``camera/image_raw``; sensor-data QoS; with the compressed transport ``<topic>/compressed``),
+``joint_states`` (only for a robot with ``state_joint_names``: a robot that sends no state to
+the checkpoint costs no wake-up per joint state) and ``vla/instruction`` (transient local),
+and publishes ``vla/action_chunk``,
 ``vla/step_rejected`` and, if enabled, the arm's commands ``vla/joint_trajectory``,
 ``vla/twist`` and ``vla/gripper`` (see ``outputs``).
 
@@ -23,6 +24,7 @@ reach the node (wrong type, incompatible QoS) is found in the graph instead
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -75,7 +77,8 @@ class RobotTopics:
     """One robot's subscriptions and publishers on ``node`` (see the module docstring).
 
     The callbacks get the robot's slot and the message; ``on_image`` also gets
-    ``compressed`` (True for the compressed transport). ``output_lifespan_s`` is the lifespan
+    ``compressed`` (True for the compressed transport) and ``camera``, the camera's place in
+    the robot's ``camera_topics`` (0: the primary). ``output_lifespan_s`` is the lifespan
     of the chunks and the arm's commands (the step budget).
     """
 
@@ -110,22 +113,17 @@ class RobotTopics:
         )
         self.twist = control_publisher(TwistStamped, 'twist', config.publish_twist)
         self.gripper = control_publisher(Float64, 'gripper', config.publish_gripper)
-        if slot.config.image_transport == 'compressed':
-            camera = node.create_subscription(
-                CompressedImage,
-                f'{ns}/camera/image_raw/compressed',
-                lambda msg: on_image(slot, msg, compressed=True),
+        compressed = slot.config.image_transport == 'compressed'
+        cameras = [
+            node.create_subscription(
+                CompressedImage if compressed else Image,
+                f'{ns}/{topic}/compressed' if compressed else f'{ns}/{topic}',
+                functools.partial(on_image, slot, compressed=compressed, camera=camera),
                 sensor_qos,
                 event_callbacks=quiet_subscription(),
             )
-        else:
-            camera = node.create_subscription(
-                Image,
-                f'{ns}/camera/image_raw',
-                lambda msg: on_image(slot, msg, compressed=False),
-                sensor_qos,
-                event_callbacks=quiet_subscription(),
-            )
+            for camera, topic in enumerate(config.camera_topics)
+        ]
         if slot.config.state_joint_names:
             node.create_subscription(
                 JointState,
@@ -143,7 +141,7 @@ class RobotTopics:
         )
         self.watched = tuple(
             WatchedTopic(sub.topic_name, type_name(sub.msg_type), qos)
-            for sub, qos in ((camera, sensor_qos), (instruction, LATCHED))
+            for sub, qos in (*((c, sensor_qos) for c in cameras), (instruction, LATCHED))
         )
 
     @property
