@@ -126,8 +126,9 @@ def served(point: dict[str, Any]) -> bool:
 
 
 def against_device(ctx: PartContext, rates, plan, points: list[dict], max_served: int) -> dict:
-    """The robots the matmul rate allows at the plan's period, the share of them served,
-    one robot's step against the floor."""
+    """The robots the device allows at the plan's period (every step's FLOPs at the matmul
+    rate; and with prefill and decode in separate passes, ``physical_bounds``' pass bound),
+    the share of the first served, one robot's step against the floor."""
     from bench.lib.cost_model import (
         checkpoint_shape,
         hardware_bound_cost,
@@ -137,13 +138,13 @@ def against_device(ctx: PartContext, rates, plan, points: list[dict], max_served
 
     shape = checkpoint_shape(ctx.folder(), bytes_per_param=ctx.dtype.itemsize)
     floor = step_floor(shape, rates)
-    cost = hardware_bound_cost(shape, rates)
-    bound = physical_bounds(cost, shape, plan.period_s).flop_ceiling
+    bounds = physical_bounds(hardware_bound_cost(shape, rates), shape, plan.period_s)
     out = {
         'floor': dataclasses.asdict(floor),
         'step_tflop': shape.step_flops / 1e12,
-        'robots_bound': bound,
-        'bound_share_served': max_served / bound,
+        'robots_bound': bounds.flop_ceiling,
+        'robots_pass_bound': bounds.pass_bound,
+        'bound_share_served': max_served / bounds.flop_ceiling,
     }
     one = [p for p in points if p['num_robots'] == 1]
     if one:
@@ -187,7 +188,8 @@ def section(d: dict[str, Any]) -> list[str]:
         f = d['floor']
         lines.append(
             f'One step is {d["step_tflop"]:.3g} TFLOP; the matmul rate allows '
-            f'{d["robots_bound"]:.1f} robots at {1 / d["period_s"]:g} Hz; served '
+            f'{d["robots_bound"]:.1f} robots at {1 / d["period_s"]:g} Hz '
+            f'({d["robots_pass_bound"]:.1f} with prefill and decode in separate passes); served '
             f'{100 * d["bound_share_served"]:.0f}% of that. Floor of one step '
             f"{f['step_ms']:.2f} ms; one robot's step (p50) / floor: "
             f'{cell(d.get("one_robot_step_over_floor", float("nan")))}x.'
