@@ -155,6 +155,11 @@ def run(ctx: PartContext) -> dict[str, Any]:
     }
 
 
+def _code(name: str) -> str:
+    """A kernel name as Markdown code, whole: C++ templates' ``<...>`` would read as HTML."""
+    return '`' + name.replace('`', "'").replace('|', '/') + '`'
+
+
 def _robots(n: int) -> str:
     return f'{n} robot' if n == 1 else f'{n} robots'
 
@@ -183,7 +188,7 @@ def section(d: dict[str, Any]) -> list[str]:
     what = 'kernel' if d['table'].startswith('CUDA') else 'operator'
     for s in d['steps']:
         rows = [
-            [r['name'].replace('|', '/'), f'{r["calls"]:g}', f'{r["total_us"]:.1f}',
+            [_code(r['name']), f'{r["calls"]:g}', f'{r["total_us"]:.1f}',
              f'{r["mean_us"]:.2f}', f'{100 * r["share"]:.1f}%']
             for r in s['rows'][:NUM_ROWS_SHOWN]
         ]  # fmt: skip
