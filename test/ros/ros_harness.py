@@ -1,6 +1,7 @@
 """Real-process ROS tests: the node as a child process, and a test node in this process.
 
-``NodeProcess`` starts ``python -m vla_sched.ros.node`` with a parameter file. ``Harness``
+``NodeProcess`` starts ``python -m vla_sched.ros.node`` (or another node script) with a
+parameter file. ``Harness``
 is an rclpy node (in its own context) that plays the robots: it publishes their images,
 joint states and instructions, and records every chunk, rejection, arm command (trajectory,
 twist, gripper) and /diagnostics array the node publishes, chunks, rejections and arrays with
@@ -45,13 +46,16 @@ JOINTS = ('joint_1', 'joint_2', 'joint_3', 'joint_4', 'joint_5', 'joint_6', 'gri
 
 
 class NodeProcess:
-    """The vla_sched node in a child process, configured by ``values`` (ros__parameters)."""
+    """The vla_sched node in a child process, configured by ``values`` (ros__parameters);
+    ``script`` runs that file instead of ``vla_sched.ros.node`` (a node with a fake engine)."""
 
-    def __init__(self, folder: Path, values: dict[str, Any]) -> None:
+    def __init__(self, folder: Path, values: dict[str, Any], *, script: Path | None = None):
         self.params_path = folder / 'params.yaml'
         self.params_path.write_text(yaml.safe_dump({'vla_sched': {'ros__parameters': values}}))
         self.log_path = folder / 'node.log'
         cmd = [sys.executable, '-m', 'vla_sched.ros.node']
+        if script is not None:
+            cmd = [sys.executable, str(script)]
         cmd += ['--ros-args', '--params-file', str(self.params_path)]
         with self.log_path.open('w') as log:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)

@@ -71,6 +71,25 @@ def test_a_newer_image_replaces_the_waiting_one_of_the_same_robot():
     ]
 
 
+def test_each_camera_of_a_robot_keeps_its_own_newest_image():
+    intake, results = _intake(num_workers=1)
+    started, release = threading.Event(), threading.Event()
+    try:
+        intake.submit('a', _blocked(started, release, 1), stamp_ns=1, received_ns=1)
+        assert started.wait(WAIT_S)  # the worker is busy with the primary's first image
+        assert intake.holds('a', 0) and not intake.holds('a', 1)
+        assert not intake.submit('a', lambda: _image(2), stamp_ns=2, received_ns=2, camera=1)
+        assert not intake.submit('a', lambda: _image(3), stamp_ns=3, received_ns=3)
+        assert intake.submit('a', lambda: _image(4), stamp_ns=4, received_ns=4, camera=1)
+        assert intake.num_waiting == 2
+        release.set()
+        done = results.wait_for(3)
+    finally:
+        intake.close()
+    got = sorted((c.camera, c.stamp_ns, int(c.image[0, 0, 0])) for c in done)
+    assert got == [(0, 1, 1), (0, 3, 3), (1, 4, 4)]
+
+
 def test_a_robot_whose_image_is_slow_does_not_hold_another_robots_image():
     intake, results = _intake(num_workers=2)
     started, release = threading.Event(), threading.Event()

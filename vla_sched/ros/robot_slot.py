@@ -325,7 +325,8 @@ class RobotSlot:
             return (
                 FailureReason.MALFORMED_IMAGE,
                 f'the checkpoint takes {num_images} image{"s" if num_images > 1 else ""} per '
-                f'step but robots.{self.robot_id}.camera_topics lists {num_cameras} cameras',
+                f'step but robots.{self.robot_id}.camera_topics lists {num_cameras} '
+                f'camera{"s" if num_cameras > 1 else ""}',
             )
         if cameras_problem is not None:
             return FailureReason.CAMERAS_INCOMPLETE, cameras_problem

@@ -3,8 +3,9 @@ the action chunks it gets back.
 
     python -m vla_sched.ros.sim_robot --robot-id robot_0 --rate 10 --duration 20
 
-It publishes, under its namespace, ``camera/image_raw`` (rgb8, a square moving over a
-gradient), ``joint_states`` (sine waves) and ``vla/instruction`` (once, transient local), and
+It publishes, under its namespace, an image on each of its ``--camera-topics`` (default
+``camera/image_raw``; rgb8, a square moving over a gradient, all cameras' images of a frame
+stamped alike), ``joint_states`` (sine waves) and ``vla/instruction`` (once, transient local), and
 subscribes ``vla/action_chunk`` and ``vla/step_rejected``. It measures each chunk's latency
 (now minus the chunk's stamp, which is the image's stamp) and, with ``--report-period``,
 prints a JSON progress line per period; at exit it prints a JSON summary line.
@@ -128,7 +129,7 @@ def run(args: argparse.Namespace, ros_argv: list[str]) -> int:
 
 def _set_up(node: Node, args: argparse.Namespace, log: SimRobotLog) -> None:
     """The robot's publishers, subscriptions and timers on ``node``; chunks go to ``log``."""
-    images = node.create_publisher(Image, 'camera/image_raw', sensor_qos)
+    cameras = [node.create_publisher(Image, topic, sensor_qos) for topic in args.camera_topics]
     joints = node.create_publisher(JointState, 'joint_states', sensor_qos)
     latched = QoSProfile(
         depth=1,
@@ -147,7 +148,9 @@ def _set_up(node: Node, args: argparse.Namespace, log: SimRobotLog) -> None:
         stamp = node.get_clock().now().to_msg()
         joints.publish(joint_state(args.joint_names, time.monotonic(), stamp))
         frame = synthetic_frame(log.num_images, width=args.width, height=args.height)
-        images.publish(rgb_to_image(frame, stamp=stamp, frame_id=f'{args.robot_id}_camera'))
+        for camera, publisher in enumerate(cameras):
+            frame_id = f'{args.robot_id}_camera' + (f'_{camera}' if camera else '')
+            publisher.publish(rgb_to_image(frame, stamp=stamp, frame_id=frame_id))
         log.num_images += 1
 
     def report() -> None:
@@ -168,6 +171,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument('--height', type=int, default=64)
     parser.add_argument('--instruction', default='pick up the red block')
     parser.add_argument('--joint-names', nargs='*', default=list(DEFAULT_JOINTS))
+    parser.add_argument(
+        '--camera-topics',
+        nargs='+',
+        default=['camera/image_raw'],
+        help='image topics under the namespace, the primary first (one image each per frame)',
+    )
     parser.add_argument('--duration', type=float, default=0.0, help='seconds (0: until ^C)')
     parser.add_argument('--stop-after-chunks', type=int, default=0)
     parser.add_argument('--report-period', type=float, default=0.0, help='JSON progress (s)')
