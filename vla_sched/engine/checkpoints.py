@@ -1,5 +1,6 @@
 """Where the engine's checkpoint comes from (a folder, or the built-in tiny one), and how
-the engine's settings apply to it (``unnorm_key``, ``action_decoding``)."""
+the engine's settings apply to it (``unnorm_key``, ``action_decoding``, the OpenVLA-OFT
+settings of ``oft_preset``)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from vla_sched.engine.config import EngineConfig
     from vla_sched.model.config.checkpoint_spec import CheckpointSpec
+    from vla_sched.model.config.openvla_oft import OFTCheckpointSpec
 
 TINY_CHECKPOINT_NAME = 'tiny-vla-v1'
 
@@ -57,11 +59,12 @@ def resolve_checkpoint(model_path: str) -> tuple[Path, bool]:
     return folder, True
 
 
-def read_configured_spec(folder: Path, config: EngineConfig) -> CheckpointSpec:
-    """The folder's spec with the engine's ``unnorm_key`` applied (when set)."""
+def read_configured_spec(folder: Path, config: EngineConfig) -> CheckpointSpec | OFTCheckpointSpec:
+    """The folder's spec with the engine's ``unnorm_key`` applied (when set): an
+    ``OFTCheckpointSpec`` under an ``oft_preset`` (the folder must then be OpenVLA-OFT's)."""
     from vla_sched.model.config.formats import read_checkpoint_spec
 
-    spec = read_checkpoint_spec(folder)
+    spec = read_checkpoint_spec(folder, oft_settings=config.oft_settings())
     return spec.with_unnorm_key(config.unnorm_key) if config.unnorm_key else spec
 
 
@@ -80,15 +83,22 @@ def check_model_path(config: EngineConfig) -> None:
 
     The folder must exist, its ``config.json`` name a supported model type, its action
     statistics read, and ``unnorm_key`` name one of its datasets, or be empty for a
-    checkpoint with one dataset (or one whose ``vla_config.json`` names its own). The engine
+    checkpoint with one dataset (or one whose ``vla_config.json`` names its own). An
+    OpenVLA-OFT folder needs ``oft_preset``, which any other folder refuses, and the
+    scheduled core (the sequential one runs transformers' ``generate``). The engine
     reads the whole spec when it loads. Skipped for the built-in tiny checkpoint
-    (``model_path`` empty).
+    (``model_path`` empty; an ``oft_preset`` is refused there).
 
     Raises:
         ModelPathError: naming the setting and what is wrong (the dataset names when the
             ``unnorm_key`` is missing or unknown).
     """
     if not config.model_path:
+        if config.oft_preset:
+            raise ModelPathError(
+                f'engine.oft_preset {config.oft_preset!r} is set but engine.model_path is '
+                'empty: the built-in tiny checkpoint is not OpenVLA-OFT'
+            )
         return
     from vla_sched.model.config.action_space import ActionStatisticsError
     from vla_sched.model.config.architecture import UnsupportedArchitectureError
@@ -96,10 +106,18 @@ def check_model_path(config: EngineConfig) -> None:
     from vla_sched.model.config.formats import read_dataset_choice
 
     folder = Path(config.model_path).expanduser()
+    _check_oft_preset(folder, config)
+    if config.oft_preset and config.core == 'sequential':
+        raise ModelPathError(
+            f'engine.core sequential does not serve OpenVLA-OFT (engine.oft_preset '
+            f'{config.oft_preset!r}): its steps run as one parallel pass, on engine.core '
+            'scheduled'
+        )
     try:
-        names, own_key = read_dataset_choice(folder)
+        names, own_key = read_dataset_choice(folder, oft_settings=config.oft_settings())
     except (CheckpointError, UnsupportedArchitectureError, ActionStatisticsError) as exc:
-        raise ModelPathError(f'engine.model_path {str(folder)!r}: {exc}') from None
+        settings = ' (OpenVLA-OFT settings: engine.oft_*)' if config.oft_preset else ''
+        raise ModelPathError(f'engine.model_path {str(folder)!r}: {exc}{settings}') from None
     key = config.unnorm_key
     if key and key not in names:
         raise ModelPathError(
@@ -109,4 +127,27 @@ def check_model_path(config: EngineConfig) -> None:
         raise ModelPathError(
             f'engine.unnorm_key is empty but {folder} holds the action statistics of '
             f'{len(names)} datasets: set it to one of {list(names)}'
+        )
+
+
+def _check_oft_preset(folder: Path, config: EngineConfig) -> None:
+    """Refuse an OpenVLA-OFT folder without ``engine.oft_preset`` and a preset for any other
+    folder, naming the parameter (the loader refuses both too, naming its own settings)."""
+    from vla_sched.model.config.openvla_oft import oft_component_files
+
+    if not folder.is_dir():
+        return  # read_dataset_choice names the missing folder
+    found = sorted(name for names in oft_component_files(folder).values() for name in names)
+    if found and not config.oft_preset:
+        raise ModelPathError(
+            f'engine.model_path {str(folder)!r} is an OpenVLA-OFT checkpoint (it holds '
+            f'{", ".join(found)}): set engine.oft_preset (libero, aloha or bridge), which gives '
+            'the chunk length, action and state sizes, normalization, cameras and center crop '
+            '(engine.oft_* override some of them)'
+        )
+    if config.oft_preset and not found:
+        raise ModelPathError(
+            f'engine.oft_preset {config.oft_preset!r} is set but engine.model_path '
+            f'{str(folder)!r} holds no OpenVLA-OFT component files (action_head--*checkpoint.pt)'
+            ': leave engine.oft_preset empty for a plain checkpoint'
         )

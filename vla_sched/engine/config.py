@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vla_sched.core.scheduling.scheduler_config import (
     DEFAULT_CHUNKED_PREFILL_SIZE,
@@ -22,12 +22,17 @@ from vla_sched.core.scheduling.scheduler_config import (
 )
 from vla_sched.settings import check_settings, setting
 
+if TYPE_CHECKING:
+    from vla_sched.model.config.openvla_oft import OFTSettings
+
 DEVICES = ('auto', 'cpu', 'cuda')
 DTYPES = ('auto', 'float32', 'bfloat16', 'float16')
 CORES = ('scheduled', 'sequential')
 ENGINE_MODES = ('process', 'inprocess')
 ACTION_DECODINGS = ('auto', 'whole_vocab', 'action_range')
 ROBOT_KEYS = ('priority', 'center_crop')  # what ``EngineConfig.robots`` may say of a robot
+# OpenVLA-OFT platform presets (``model/config/openvla_oft.OFT_PRESETS``; '' for none).
+OFT_PRESET_CHOICES = ('', 'aloha', 'bridge', 'libero')
 # Prefill chunks when chunked_prefill_size is 0. On a CPU a short chunk keeps a new robot's
 # prefill from stalling the others' decodes; on a GPU a whole OpenVLA prompt (about 280
 # tokens) costs a few decode steps, and every extra chunk pays the eager pass's host time.
@@ -64,6 +69,14 @@ class EngineConfig:
     (``robots``: ``{robot_id: {'priority': int, 'center_crop': bool}}``, each key optional;
     ``center_crop`` true: the robot's frames get OpenVLA's LIBERO center crop before the
     model sees them).
+
+    ``oft_preset`` serves an OpenVLA-OFT folder with the settings of one of upstream's
+    platforms (chunk length, action and state sizes, normalization, cameras, center crop:
+    ``oft_preset``); ``oft_num_images`` and ``oft_chunk_len`` (0: the preset's),
+    ``oft_use_proprio`` and ``oft_center_crop`` override what a checkpoint of that platform
+    may have been trained differently with. An OFT folder is served only with a preset, a
+    preset only with an OFT folder, and only by the scheduled core (all three checked with
+    the folder: ``checkpoints.check_model_path``).
     """
 
     model_path: str = setting(
@@ -87,6 +100,34 @@ class EngineConfig:
         'scheduled',
         'scheduled (batching) or sequential (baseline)',
         choices=CORES,
+        group='engine',
+    )
+    oft_preset: str = setting(
+        '',
+        'OpenVLA-OFT platform preset: libero, aloha or bridge (empty: the folder is not OFT)',
+        choices=OFT_PRESET_CHOICES,
+        group='engine',
+    )
+    oft_num_images: int = setting(
+        0,
+        "OpenVLA-OFT: cameras per step, the primary first (0: the preset's)",
+        min_value=0,
+        max_value=3,
+        group='engine',
+    )
+    oft_chunk_len: int = setting(
+        0,
+        "OpenVLA-OFT: actions per chunk (0: the preset's)",
+        min_value=0,
+        max_value=256,
+        group='engine',
+    )
+    oft_use_proprio: bool = setting(
+        True, 'OpenVLA-OFT: the robot state enters the model (as trained)', group='engine'
+    )
+    oft_center_crop: bool = setting(
+        True,
+        "OpenVLA-OFT: center-crop every camera image as upstream's evaluation does",
         group='engine',
     )
     cpu_threads: int = setting(
@@ -182,6 +223,7 @@ class EngineConfig:
                 f'scheduler.enable_priority works with policy {" or ".join(PRIORITY_POLICIES)}'
                 f', not {self.policy!r}'
             )
+        self._check_oft()
         for robot_id, settings in self.robots.items():
             if not robot_id or not isinstance(settings, Mapping):
                 raise EngineConfigError(f'robots: bad entry {robot_id!r}: {settings!r}')
@@ -193,6 +235,41 @@ class EngineConfig:
                 raise EngineConfigError(f'robots.{robot_id}.priority must be an integer')
             if not isinstance(settings.get('center_crop', False), bool):
                 raise EngineConfigError(f'robots.{robot_id}.center_crop must be a boolean')
+
+    def _check_oft(self) -> None:
+        if not self.oft_preset:
+            changed = [
+                f'engine.{f.name}'
+                for f in dataclasses.fields(self)
+                if f.name.startswith('oft_') and getattr(self, f.name) != f.default
+            ]
+            if changed:
+                raise EngineConfigError(
+                    f'{", ".join(changed)} set without engine.oft_preset: choose the '
+                    f'OpenVLA-OFT preset ({", ".join(OFT_PRESET_CHOICES[1:])}) they override'
+                )
+            return
+        try:
+            self.oft_settings()
+        except ValueError as exc:
+            raise EngineConfigError(f'engine.oft_preset {self.oft_preset!r}: {exc}') from None
+
+    def oft_settings(self) -> OFTSettings | None:
+        """The OpenVLA-OFT settings of ``oft_preset`` with the ``oft_*`` overrides, or None
+        without a preset."""
+        if not self.oft_preset:
+            return None
+        from vla_sched.model.config.openvla_oft import oft_preset
+
+        overrides: dict[str, Any] = {
+            'use_proprio': self.oft_use_proprio,
+            'center_crop': self.oft_center_crop,
+        }
+        if self.oft_num_images:
+            overrides['num_images'] = self.oft_num_images
+        if self.oft_chunk_len:
+            overrides['chunk_len'] = self.oft_chunk_len
+        return oft_preset(self.oft_preset, **overrides)
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any]) -> EngineConfig:

@@ -16,6 +16,7 @@ from vla_sched.ipc.messages import EngineInfo, EngineStats, FailureReason, Robot
 
 if TYPE_CHECKING:
     from vla_sched.model.config.checkpoint_spec import CheckpointSpec
+    from vla_sched.model.config.openvla_oft import OFTCheckpointSpec
 
 
 def new_metrics() -> SchedulerMetrics:
@@ -36,6 +37,7 @@ def num_state_values(spec: CheckpointSpec) -> int:
 
 PROMPT_LAYOUT_IMAGE_FIRST = 'image first: frames share only BOS'
 PROMPT_LAYOUT_INSTRUCTION_FIRST = 'instruction first: steps share the instruction prefix'
+PROMPT_LAYOUT_WHOLE_PASS = 'one bidirectional pass per step: steps share nothing'
 
 
 def engine_info(
@@ -52,6 +54,26 @@ def engine_info(
         prompt_layout=PROMPT_LAYOUT_IMAGE_FIRST
         if spec.prompt.image_first
         else (PROMPT_LAYOUT_INSTRUCTION_FIRST),
+    )
+
+
+def oft_engine_info(
+    spec: OFTCheckpointSpec, *, model_name: str, max_instruction_bytes: int, random_weights: bool
+) -> EngineInfo:
+    """What an OpenVLA-OFT checkpoint takes and returns under its settings: every camera's
+    image, the state when the settings use it, a chunk of ``chunk_len`` actions."""
+    settings = spec.settings
+    preprocessing = spec.base.preprocessing
+    return EngineInfo(
+        model_name=model_name,
+        num_state=settings.proprio_dim if settings.use_proprio else 0,
+        action_horizon=settings.chunk_len,
+        action_dim=settings.action_dim,
+        image_size=preprocessing.image_size if preprocessing else 0,
+        max_instruction_bytes=max_instruction_bytes,
+        random_weights=random_weights,
+        prompt_layout=PROMPT_LAYOUT_WHOLE_PASS,
+        num_images=settings.num_images,
     )
 
 

@@ -13,6 +13,9 @@ API::
     )
     scheduler.add_request(step.req)
 
+OpenVLA-OFT checkpoints have their own translator (``oft_step_translator.py``: one
+prefill-only request per step, no session).
+
 ``translate`` builds the prompt from the checkpoint's template (the state goes in only
 when the template has state tokens), center-crops the frame of a robot that asks for it
 (OpenVLA's LIBERO crop), keys the image placeholder span by the ``image_content_hash`` of the
@@ -61,16 +64,19 @@ class TranslatedStep:
     Attributes:
         req: the request to ``add_request`` (its session is the robot's).
         session_prefix: the prompt tokens before the image (the part that depends only on
-            the instruction), in the request's radix namespace: the robot's session prefix.
+            the instruction), in the request's radix namespace: the robot's session prefix;
+            None for a step that continues no session (OpenVLA-OFT's, which share nothing).
         instruction_version: the step's instruction version (a new one swaps the prefix).
     """
 
     req: Req
-    session_prefix: RadixKey
+    session_prefix: RadixKey | None
     instruction_version: int
 
     @property
     def session_prefix_ids(self) -> tuple[int, ...]:
+        if self.session_prefix is None:
+            return ()
         return self.req.origin_input_ids[: len(self.session_prefix)]
 
 
@@ -105,14 +111,18 @@ class StepTranslator:
         self.sampling = SamplingParams(allowed_token_start=start, allowed_token_end=end)
 
     @classmethod
-    def from_checkpoint(cls, folder: Path, config: EngineConfig) -> StepTranslator:
+    def from_checkpoint(
+        cls, folder: Path, config: EngineConfig, *, spec: CheckpointSpec | None = None
+    ) -> StepTranslator:
         """The translator of the checkpoint in ``folder`` under the engine's settings
         (``unnorm_key``, ``action_decoding``, the robots' ``center_crop``); the folder's
-        name is the model name."""
+        name is the model name. ``spec``: the folder's spec as the engine already read it
+        (``read_configured_spec``)."""
         from vla_sched.engine.checkpoints import decodes_whole_vocab, read_configured_spec
         from vla_sched.model.prompting.prompt import VLAPromptBuilder
 
-        spec = read_configured_spec(folder, config)
+        if spec is None:
+            spec = read_configured_spec(folder, config)
         return cls(
             spec,
             VLAPromptBuilder.from_checkpoint(folder, spec),
