@@ -422,9 +422,9 @@ def sweep_candidates(plan: BenchPlan, kernel: str) -> list[Candidate]:
     return candidates
 
 
-def _sweep(deadline, shapes, candidates, timed_row) -> tuple[list, list]:
+def _sweep(deadline, shapes, candidates, timed_row, on_row=None) -> tuple[list, list]:
     """Times each candidate on each shape, candidate by candidate (one compile each); past
-    ``deadline`` only the rule (the first) still runs."""
+    ``deadline`` only the rule (the first) still runs. ``on_row`` gets each row as timed."""
     rows, skipped = [], []
     for index, candidate in enumerate(candidates):
         for shape in shapes:
@@ -432,10 +432,14 @@ def _sweep(deadline, shapes, candidates, timed_row) -> tuple[list, list]:
                 skipped.append(f'{candidate.label} at {shape}')
                 continue
             rows.append(timed_row(candidate, shape))
+            if on_row is not None:
+                on_row(rows[-1])
     return rows, skipped
 
 
-def sweep_decode(plan: BenchPlan, timer: Timer, num_sms: int, deadline: float) -> dict:
+def sweep_decode(
+    plan: BenchPlan, timer: Timer, num_sms: int, deadline: float, on_row=None
+) -> dict:
     """The decode launches of the largest shapes: the rule against the alternatives."""
     shapes = [(b, c) for b in plan.batch_sizes[-2:] for c in plan.context_lens[-2:]]
     if plan.device.type != 'cuda':
@@ -473,11 +477,11 @@ def sweep_decode(plan: BenchPlan, timer: Timer, num_sms: int, deadline: float) -
             gbs=decode_bytes(plan, batch_size, context_len) / ms / 1e6,
         )
 
-    rows, skipped = _sweep(deadline, shapes, sweep_candidates(plan, 'decode'), timed_row)
+    rows, skipped = _sweep(deadline, shapes, sweep_candidates(plan, 'decode'), timed_row, on_row)
     return dict(rows=rows, skipped=skipped)
 
 
-def sweep_extend(plan: BenchPlan, timer: Timer, deadline: float) -> dict:
+def sweep_extend(plan: BenchPlan, timer: Timer, deadline: float, on_row=None) -> dict:
     """The extend launches of the largest batch over the longest prefixes: the rule against
     the alternatives."""
     ext = plan.extend_len
@@ -512,7 +516,7 @@ def sweep_extend(plan: BenchPlan, timer: Timer, deadline: float) -> dict:
             tflops=flops / ms / 1e9,
         )
 
-    rows, skipped = _sweep(deadline, shapes, sweep_candidates(plan, 'extend'), timed_row)
+    rows, skipped = _sweep(deadline, shapes, sweep_candidates(plan, 'extend'), timed_row, on_row)
     return dict(rows=rows, skipped=skipped)
 
 
@@ -563,11 +567,15 @@ def run_kernels(
     copy_gb_per_s: float | None = None,
     extra_dtype: torch.dtype | None = None,
     progress=print,
+    on_update=None,
 ) -> dict[str, Any]:
     """Check every kernel, then time every shape of ``plan``: a JSON-ready dict.
 
     ``copy_gb_per_s`` is the device's copy bandwidth the rows are set against (measured
     here when not given); ``extra_dtype`` checks every timed shape again in that dtype.
+    ``on_update`` gets the dict so far (in the same layout) after the checks, after each
+    kernel's timed shapes, after each sweep row and after each kernel's sweep (the last is
+    the whole dict).
     """
     started = time.perf_counter()
     torch.backends.cuda.matmul.allow_tf32 = False  # the fp32 references must be exact fp32
@@ -578,22 +586,48 @@ def run_kernels(
         copy_gb_per_s = copy_bandwidth_gbs(timer, 1 << 30 if on_gpu else 1 << 20)
     checks = correctness_checks(plan, num_sms)
     progress('checked: ' + '; '.join(checks))
+    rows: list[dict] = []
+    sweep: dict[str, list] = {'rows': [], 'skipped': []}
+
+    def update() -> None:
+        if on_update is not None:
+            on_update(kernels_result(plan, checks, copy_gb_per_s, rows, sweep))
+
+    def add_rows(new_rows: list[dict]) -> None:
+        for row in new_rows:
+            row['copy_share'] = row['gbs'] / copy_gb_per_s
+            row['context'] = str(row['context'])
+        rows.extend(new_rows)
+        update()
+
+    update()
     if extra_dtype is not None:
         checks.append(check_shapes_in(plan, extra_dtype, num_sms))
         progress(f'checked every benchmark shape in {extra_dtype}')
-    rows = bench_decode(plan, timer, num_sms)
+    add_rows(bench_decode(plan, timer, num_sms))
     progress(f'decode timed ({len(rows)} shapes)')
-    rows += bench_extend(plan, timer) + bench_store(plan, timer)
-    for row in rows:
-        row['copy_share'] = row['gbs'] / copy_gb_per_s
-        row['context'] = str(row['context'])
+    add_rows(bench_extend(plan, timer))
+    add_rows(bench_store(plan, timer))
     progress(f'timed {len(rows)} shapes at {time.perf_counter() - started:.0f} s; sweeping')
-    deadline = started + plan.sweep_until_s
-    decode_sweep = sweep_decode(plan, timer, num_sms, deadline)
-    extend_sweep = sweep_extend(plan, timer, deadline)
-    sweep_rows = decode_sweep['rows'] + extend_sweep['rows']
-    for row in sweep_rows:
+
+    def add_sweep_row(row: dict) -> None:
         row['copy_share'] = row['gbs'] / copy_gb_per_s
+        sweep['rows'].append(row)
+        update()
+
+    deadline = started + plan.sweep_until_s
+    sweep['skipped'] += sweep_decode(plan, timer, num_sms, deadline, add_sweep_row)['skipped']
+    update()
+    sweep['skipped'] += sweep_extend(plan, timer, deadline, add_sweep_row)['skipped']
+    update()
+    return kernels_result(plan, checks, copy_gb_per_s, rows, sweep)
+
+
+def kernels_result(
+    plan: BenchPlan, checks: list[str], copy_gb_per_s: float, rows: list[dict], sweep: dict
+) -> dict[str, Any]:
+    """``run_kernels``' dict from what it has checked, timed and swept so far."""
+    on_gpu = plan.device.type == 'cuda'
     baselines = {(r['kernel'], r['batch'], r['context']): r['baseline_ms'] for r in rows}
     target = [
         r['copy_share']
@@ -610,14 +644,14 @@ def run_kernels(
             'dtype': str(plan.dtype).removeprefix('torch.'),
             'num_reps': plan.num_reps,
         },
-        'checks': checks,
+        'checks': list(checks),
         'copy_gb_per_s': copy_gb_per_s,
         'rows': rows,
         'decode_worst_copy_share': min(target) if target else None,
         'sweep': {
-            'rows': sweep_rows,
-            'skipped': decode_sweep['skipped'] + extend_sweep['skipped'],
-            'verdicts': sweep_verdicts(sweep_rows, baselines),
+            'rows': sweep['rows'],
+            'skipped': sweep['skipped'],
+            'verdicts': sweep_verdicts(sweep['rows'], baselines),
         },
     }
 
@@ -661,6 +695,8 @@ def markdown_lines(result: dict[str, Any]) -> list[str]:
 def sweep_lines(sweep: dict[str, Any]) -> list[str]:
     """The sweep's table (graph replay; decode's "splits" is each request's count) and, per
     shape, the fastest launch and the rule's time over it."""
+    if not sweep['rows']:
+        return []
     rows = [
         [r['kernel'], r['batch'], r['context'], r['candidate'], r['config'],
          r['splits'] if r['splits'] is not None else '-', f'{r["ms"]:.3f}', f'{r["gbs"]:.0f}',

@@ -344,9 +344,11 @@ def compare(
     *,
     rates: MeasuredRates | None = None,
     progress: Callable[[str], None] = print,
+    on_update: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
     """The whole comparison as a JSON-ready dict; with ``rates``, also the floor of one
-    robot's step and our runner's (through its padded paths) against it."""
+    robot's step and our runner's (through its padded paths) against it. ``on_update`` gets
+    the dict so far after the logits check and after each batch."""
     started = time.monotonic()
     config, ours, hf = build_models(plan)
     runners = make_runners(ours, plan)
@@ -363,25 +365,28 @@ def compare(
         'graphs_runner': 'CUDA graphs' if plan.device == 'cuda' else 'padded paths, no graphs',
         'batches': [],
     }
+    updated = on_update or (lambda result: None)
+    shape = openvla_shape(config, bytes_per_param=plan.dtype.itemsize)
+    if rates is not None:
+        out['floor'] = dataclasses.asdict(floor_of(shape, rates))
     with torch.inference_mode():
         out['logits'] = logits_check(hf, ours, runners['eager'])
         progress(f'last-token logits: {out["logits"]}')
+        updated(out)
         for batch_size in plan.batch_sizes:
             row = measure_batch(hf, ours, runners, batch_size, plan.reps)
             progress(json.dumps(row))
+            if rates is not None:
+                row['batch_floor'] = dataclasses.asdict(batch_floor(shape, rates, row['robots']))
+                row['graphs_step_over_batch_floor'] = (
+                    row['graphs']['step_ms'] / row['batch_floor']['step_ms']
+                )
+                if not out['batches'] and row['robots'] == 1:
+                    out['runner_step_over_floor'] = (
+                        row['graphs']['step_ms'] / out['floor']['step_ms']
+                    )
             out['batches'].append(row)
-    if rates is not None:
-        shape = openvla_shape(config, bytes_per_param=plan.dtype.itemsize)
-        floor = floor_of(shape, rates)
-        out['floor'] = dataclasses.asdict(floor)
-        first = out['batches'][0]
-        if first['robots'] == 1:
-            out['runner_step_over_floor'] = first['graphs']['step_ms'] / floor.step_ms
-        for row in out['batches']:
-            row['batch_floor'] = dataclasses.asdict(batch_floor(shape, rates, row['robots']))
-            row['graphs_step_over_batch_floor'] = (
-                row['graphs']['step_ms'] / row['batch_floor']['step_ms']
-            )
+            updated(out)
     return out
 
 

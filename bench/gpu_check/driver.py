@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.gpu_check.isolation import HIDDEN_MODULES, Progress, hide_modules, run_child
+from bench.gpu_check.json_files import json_text, read_json, write_whole
 from bench.gpu_check.parts import (
     DEFAULT_BUDGET_S,
     PART_NAMES,
@@ -26,23 +27,32 @@ from bench.gpu_check.parts import (
     Part,
     PartContext,
     part_module,
+    partial_file_of,
 )
-from bench.gpu_check.report import jsonable, write_outputs
+from bench.gpu_check.report import write_outputs
 
 
 def run_part(
-    name: str, *, dry_run: bool, workdir: Path, prior_file: Path, result_file: Path, hang: bool
-) -> int:
-    """The part's process: run part ``name``, write its data as JSON to ``result_file``."""
+    name: str, *, dry_run: bool, workdir: Path, prior_file: Path, result_file: Path, hang: bool,
+    partial_then_hang: Path | None = None,
+) -> int:  # fmt: skip
+    """The part's process: run part ``name``, write its data as JSON to ``result_file``; what
+    it saves on the way (``PartContext.save_partial``) goes beside it."""
     hide_modules(HIDDEN_MODULES)
+    prior = json.loads(prior_file.read_text()) if prior_file.exists() else {}
+    ctx = PartContext(
+        dry_run=dry_run, workdir=workdir, prior=prior, partial_file=partial_file_of(result_file)
+    )
+    if partial_then_hang is not None:
+        ctx.save_partial(json.loads(partial_then_hang.read_text()))
+        print(f'{name}: saved partial data, hanging on purpose (--inject-partial)', flush=True)
+        hang = True
     if hang:
         print(f'{name}: hanging on purpose (--inject-hang)', flush=True)
         while True:
             time.sleep(3600)
-    prior = json.loads(prior_file.read_text()) if prior_file.exists() else {}
-    ctx = PartContext(dry_run=dry_run, workdir=workdir, prior=prior)
     data = part_module(name).run(ctx)
-    result_file.write_text(json.dumps(data, indent=1, default=jsonable) + '\n')
+    write_whole(result_file, json_text(data))
     return 0
 
 
@@ -54,6 +64,17 @@ def part_limits(budget_s: float, overrides: dict[str, float]) -> dict[str, float
 
 def _entry(status: str, **fields: Any) -> dict[str, Any]:
     return {'status': status, **fields}
+
+
+def result_file_of(workdir: Path, name: str) -> Path:
+    return workdir / f'{name}.json'
+
+
+def keep_partial(entry: dict[str, Any], partial_file: Path) -> None:
+    """A part that did not end ok keeps what it saved on the way (``partial``), if anything."""
+    partial = read_json(partial_file)
+    if partial is not None:
+        entry['partial'] = partial
 
 
 def run_one(
@@ -75,12 +96,15 @@ def run_one(
         parts[part.name] = _entry('running', limit_s=limit)
         prior_file = workdir / 'prior.json'
         prior_file.write_text(json.dumps(parts))
-        result_file = workdir / f'{part.name}.json'
+        result_file = result_file_of(workdir, part.name)
         result_file.unlink(missing_ok=True)
+        partial_file_of(result_file).unlink(missing_ok=True)
         argv = ['--run-part', part.name, '--workdir', str(workdir)]
         argv += ['--prior', str(prior_file), '--result', str(result_file)]
         argv += ['--dry-run'] if args.dry_run else []
         argv += ['--inject-hang', part.name] if part.name in (args.inject_hang or []) else []
+        injected = dict(args.inject_partial or []).get(part.name)
+        argv += ['--inject-partial', f'{part.name}={injected}'] if injected else []
         status, seconds, tail = run_child(part.name, argv, limit, log, dry_run=args.dry_run)
         if status == 'ok' and not result_file.exists():
             status, tail = 'failed', [*tail, 'the part wrote no result']
@@ -89,9 +113,11 @@ def run_one(
             entry['data'] = json.loads(result_file.read_text())
         else:
             entry['output_tail'] = tail
+            keep_partial(entry, partial_file_of(result_file))
         parts[part.name] = entry
     entry = parts[part.name]
     note = entry.get('why') or (entry['output_tail'][-1] if entry.get('output_tail') else '')
+    note += '; kept its partial data' if 'partial' in entry else ''
     took = f' in {entry["seconds"]:.1f} s' if 'seconds' in entry else ''
     progress.say(f'{part.name}: {entry["status"]}{took}{"; " + note if note else ""}')
 
@@ -143,6 +169,7 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
                 results['parts'][part.name] = _entry('skipped', why='the run was stopped first')
             elif entry['status'] == 'running':
                 entry.update(status='timed out', why='stopped with the whole run')
+                keep_partial(entry, partial_file_of(result_file_of(workdir, part.name)))
         results['seconds'] = progress.elapsed_s()
         write_outputs(out, results)
         if not keep_workdir:
@@ -150,6 +177,13 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
     counts = collections.Counter(e['status'] for e in results['parts'].values())
     progress.say('gpu_check: done, ' + ', '.join(f'{n} {s}' for s, n in counts.items()))
     return results
+
+
+def _injected_partial(text: str) -> tuple[str, Path]:
+    name, _, path = text.partition('=')
+    if name not in PART_NAMES or not path:
+        raise argparse.ArgumentTypeError(f'--inject-partial wants PART=FILE, PART in {PART_NAMES}')
+    return name, Path(path).resolve()
 
 
 def _limit_override(text: str) -> tuple[str, float]:
@@ -186,6 +220,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     # Checks of the runner itself: a part that never returns.
     parser.add_argument('--inject-hang', nargs='+', choices=PART_NAMES, help=argparse.SUPPRESS)
+    # ... and one that saves this partial data (PART=JSON_FILE), then never returns.
+    parser.add_argument(
+        '--inject-partial', type=_injected_partial, action='append', help=argparse.SUPPRESS
+    )
     # The part's process: set by the parent.
     parser.add_argument('--run-part', choices=PART_NAMES, help=argparse.SUPPRESS)
     parser.add_argument('--prior', type=Path, help=argparse.SUPPRESS)
@@ -208,6 +246,7 @@ def main(argv: list[str] | None = None) -> int:
             prior_file=args.prior,
             result_file=args.result,
             hang=bool(args.inject_hang),
+            partial_then_hang=dict(args.inject_partial or []).get(args.run_part),
         )
     results = run_all(args)
     return 0 if all(e['status'] in ('ok', 'skipped') for e in results['parts'].values()) else 1

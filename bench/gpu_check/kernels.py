@@ -1,5 +1,6 @@
 """Part ``kernels``: every Triton kernel against its float32 reference, then timed
-(``bench.gpu_kernels`` on fewer shapes: 9 decode shapes, 15 launches each)."""
+(``bench.gpu_kernels`` on fewer shapes: 9 decode shapes, 15 launches each). The checks, each
+kernel's timed shapes and each sweep row are saved as they end (``PartContext.save_partial``)."""
 
 from __future__ import annotations
 
@@ -48,6 +49,7 @@ def run(ctx: PartContext) -> dict[str, Any]:
         copy_gb_per_s=rates.copy_gb_per_s if rates else None,
         extra_dtype=extra,
         progress=lambda line: print(line, flush=True),
+        on_update=ctx.save_partial,
     )
 
 

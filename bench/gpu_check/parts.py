@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.gpu_check.json_files import json_text, write_whole
+
 
 @dataclass(frozen=True, slots=True)
 class Part:
@@ -31,13 +33,20 @@ PARTS = (
 PART_NAMES = tuple(p.name for p in PARTS)
 
 
+def partial_file_of(result_file: Path) -> Path:
+    """Where a part saves what it has measured so far: beside its result file."""
+    return result_file.with_name(f'{result_file.stem}.partial.json')
+
+
 @dataclass(frozen=True, slots=True)
 class PartContext:
-    """What a part knows: the mode, the work dir and the results of the parts before it."""
+    """What a part knows: the mode, the work dir, the results of the parts before it and
+    where it saves its data so far (``save_partial``; None: nowhere)."""
 
     dry_run: bool
     workdir: Path
     prior: dict[str, Any]
+    partial_file: Path | None = None
 
     @property
     def device(self) -> str:
@@ -55,6 +64,14 @@ class PartContext:
 
         if not self.dry_run and not torch.cuda.is_available():
             raise RuntimeError('no CUDA device (use --dry-run on a CPU)')
+
+    def save_partial(self, data: dict[str, Any]) -> None:
+        """Save ``data``, what the part has measured so far, in the shape of its result (its
+        ``section`` renders it), replacing what it saved before: written to a temporary file,
+        then renamed, so a part stopped at any moment leaves the previous save or this one.
+        The driver keeps it when the part does not end ok."""
+        if self.partial_file is not None:
+            write_whole(self.partial_file, json_text(data))
 
     def data(self, part: str) -> dict[str, Any]:
         """What ``part`` found, if it ended ok (else nothing)."""

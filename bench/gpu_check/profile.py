@@ -12,7 +12,7 @@ every CUDA kernel, memcpy and memset with its calls, total and mean device time 
 the step's device time, whole names, longest first; on the CPU (the dry run) every
 operator's self time. Beside it: the step's wall time under the profiler, the share of it
 the device was busy, and the host's kernel and graph launches per step (a captured step is
-one graph launch).
+one graph launch). Each step's table is saved as it is made (``PartContext.save_partial``).
 """
 
 from __future__ import annotations
@@ -133,26 +133,30 @@ def run(ctx: PartContext) -> dict[str, Any]:
     print(f'model and runner built in {time.monotonic() - started:.1f} s', flush=True)
     on_gpu = not ctx.dry_run
     num_profiled = NUM_PROFILED if on_gpu else 1
-    steps = []
+    out: dict[str, Any] = {
+        'preset': plan.preset,
+        'dtype': str(plan.dtype).removeprefix('torch.'),
+        'table': 'CUDA kernels (device time)' if on_gpu else 'CPU operators (self time)',
+        'num_profiled': num_profiled,
+        'steps': [],
+    }
+
+    def add_step(step: dict[str, Any]) -> None:
+        out['steps'].append(step)
+        print(_step_line(step), flush=True)
+        ctx.save_partial(out)
+
     with torch.inference_mode():
         for n in robot_counts:
             control = ControlSteps(runner, n)
             control.prefill()  # compile kernels, capture graphs
             control.decode()
             prefill = profiled(control.prefill, on_gpu=on_gpu, num_runs=num_profiled)
-            prompt_len = len(control.prompts[0])
+            tokens = n * len(control.prompts[0])
+            add_step({'step': 'prefill', 'robots': n, 'tokens': tokens, **prefill})
             decode = profiled(control.decode, on_gpu=on_gpu, num_runs=num_profiled)
-            steps.append({'step': 'prefill', 'robots': n, 'tokens': n * prompt_len, **prefill})
-            steps.append({'step': 'decode', 'robots': n, 'tokens': n, **decode})
-            for s in steps[-2:]:
-                print(_step_line(s), flush=True)
-    return {
-        'preset': plan.preset,
-        'dtype': str(plan.dtype).removeprefix('torch.'),
-        'table': 'CUDA kernels (device time)' if on_gpu else 'CPU operators (self time)',
-        'num_profiled': num_profiled,
-        'steps': steps,
-    }
+            add_step({'step': 'decode', 'robots': n, 'tokens': n, **decode})
+    return out
 
 
 def _code(name: str) -> str:

@@ -1,18 +1,22 @@
 """The run's report: ``report.md`` (issue 22's targets, a table of the parts, each part's
 section) and ``results.json`` (every number, the targets under ``targets``), rewritten after
-every part."""
+every part.
+
+A part that did not end ok but saved data on the way (its entry's ``partial``) still has its
+section, rendered from that data under its heading and marked as partial."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from bench.gpu_check import environment, targets
+from bench.gpu_check.json_files import json_text, write_whole
 from bench.gpu_check.parts import PART_NAMES, part_module
 from bench.lib.tables import cell, markdown_table
 
 SECTION_PARTS = ('kernels', 'model', 'profile', 'engine_core', 'serving', 'scheduler')
+ENDED = {'timed out': 'ran out of time', 'failed': 'failed'}
 
 
 def report_markdown(results: dict) -> str:
@@ -28,33 +32,48 @@ def report_markdown(results: dict) -> str:
     for name in PART_NAMES:
         e = parts.get(name, {'status': 'pending'})
         note = e.get('why') or ('; '.join(e['output_tail'][-2:]) if 'output_tail' in e else '')
+        note = f'partial data kept; {note}' if 'partial' in e else note
         seconds = cell(e['seconds'], digits=1) if 'seconds' in e else '-'
         limit = cell(e['limit_s'], digits=0) if 'limit_s' in e else '-'
         rows.append([name, e['status'], seconds, limit, note.replace('|', '/')[:160]])
     lines.append(markdown_table(['part', 'status', 'seconds', 'limit s', 'note'], rows))
     for name in SECTION_PARTS:
-        data = parts.get(name, {}).get('data')
-        if data:
-            lines += ['', *part_module(name).section(data)]
+        entry = parts.get(name, {})
+        if entry.get('data'):
+            lines += ['', *part_module(name).section(entry['data'])]
+        elif entry.get('partial'):
+            lines += ['', *partial_section(name, entry)]
     return '\n'.join(lines) + '\n'
 
 
-def jsonable(value: Any) -> Any:
-    """JSON for what ``json`` cannot write itself (paths, tuples, sets; else the repr)."""
-    if isinstance(value, Path):
-        return str(value)
-    if isinstance(value, tuple | set):
-        return list(value)
-    return repr(value)
+def partial_mark(entry: dict[str, Any]) -> str:
+    """What a partial section says of itself, e.g. "partial (the part ran out of time after
+    120.0 s)"."""
+    ended = ENDED.get(entry['status'], entry['status'])
+    after = f' after {entry["seconds"]:.1f} s' if 'seconds' in entry else ''
+    why = f'; {entry["why"]}' if entry.get('why') else ''
+    return f'partial (the part {ended}{after}{why})'
+
+
+def partial_section(name: str, entry: dict[str, Any]) -> list[str]:
+    """Part ``name``'s section from the data it saved before it stopped: its heading, the
+    mark, then the rest. A part may stop between any two saves, so data its ``section``
+    cannot render is named, not raised (the report must still be written)."""
+    mark = f'**{partial_mark(entry)}**: what the part measured before it stopped.'
+    try:
+        lines = part_module(name).section(entry['partial'])
+    except (KeyError, IndexError, TypeError, ValueError) as error:
+        heading = f'## {name} (partial)'
+        why = f'{type(error).__name__}: {error}'
+        return [heading, '', mark, f'Its section could not be rendered from it ({why}); the '
+                f'data is under `parts.{name}.partial` in results.json.']  # fmt: skip
+    if lines and lines[0].startswith('#'):
+        return [lines[0], '', mark, *lines[1:]]
+    return [mark, '', *lines]
 
 
 def write_outputs(out: Path, results: dict) -> None:
     """Rewrite results.json and report.md (each through a temporary file and a rename)."""
     results['targets'] = targets.issue_targets(results)
-    for name, text in (
-        ('results.json', json.dumps(results, indent=1, default=jsonable) + '\n'),
-        ('report.md', report_markdown(results)),
-    ):
-        tmp = out / f'.{name}.tmp'
-        tmp.write_text(text)
-        tmp.replace(out / name)
+    write_whole(out / 'results.json', json_text(results))
+    write_whole(out / 'report.md', report_markdown(results))

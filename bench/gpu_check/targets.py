@@ -19,7 +19,9 @@ capacity_mixed              serving   ``capacity_mixed`` (bound: ``robots_bound`
 engine_step_1               serving   ``one_robot_step_over_floor``
 =========================== ========= ======================================================
 
-"largest" is the model part's largest robot count (16 on a GPU, 2 in the dry run).
+"largest" is the model part's largest robot count (16 on a GPU, 2 in the dry run). A part
+that did not end ok gives its targets from the data it saved before it stopped (its entry's
+``partial``): such rows say so (``partial``, and a note in the table).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from typing import Any
 
 from bench.lib.tables import markdown_table
 
+PARTIAL_NOTE = ' (from a partial part: it stopped before its end)'
 EXTEND_MIN_BATCH = 8
 EXTEND_MIN_PREFIX = 2048
 
@@ -145,16 +148,26 @@ def serving_targets(serving: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
+def part_data(entry: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+    """A part's data for the targets and whether it is partial: its data if it ended ok,
+    else what it saved before it stopped (its ``partial``), else nothing."""
+    if entry.get('status') == 'ok':
+        return entry.get('data', {}), False
+    partial = entry.get('partial')
+    return (partial, True) if partial else ({}, False)
+
+
 def issue_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
-    """Every target of issue 22, in the issue's order, from the parts that ended ok."""
-    data = {
-        name: e.get('data', {}) for name, e in results['parts'].items() if e.get('status') == 'ok'
-    }
-    return [
-        *model_targets(data.get('model', {})),
-        *kernel_targets(data.get('kernels', {})),
-        *serving_targets(data.get('serving', {})),
-    ]
+    """Every target of issue 22, in the issue's order, from the parts that ended ok, or from
+    the data a part saved before it stopped (the row's ``partial`` is then true)."""
+    data = {name: part_data(e) for name, e in results['parts'].items()}
+    rows = []
+    for part, targets_of in (
+        ('model', model_targets), ('kernels', kernel_targets), ('serving', serving_targets),
+    ):  # fmt: skip
+        found, partial = data.get(part, ({}, False))
+        rows += [{**row, 'partial': partial} for row in targets_of(found)]
+    return rows
 
 
 def _shown(value: float | None, unit: str) -> str:
@@ -171,7 +184,8 @@ def markdown_lines(targets: list[dict[str, Any]]) -> list[str]:
     """The targets as a table: measured, floor, measured / floor, target, met."""
     met = {True: 'yes', False: '**no**', None: 'not measured'}
     rows = [
-        [t['measure'], _shown(t['value'], t['unit']), _shown(t['floor'], t['unit']),
+        [t['measure'] + (PARTIAL_NOTE if t.get('partial') else ''),
+         _shown(t['value'], t['unit']), _shown(t['floor'], t['unit']),
          f'{t["over_floor"]:.2f}x' if t['over_floor'] is not None else '-', t['target'],
          met[t['met']]]
         for t in targets

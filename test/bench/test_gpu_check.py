@@ -1,7 +1,8 @@
 """bench.gpu_check: the prepared GPU run, checked through its CPU dry run.
 
 Every part runs in its own subprocess with rclpy, ZMQ, cv_bridge, cv2 and PIL hidden (as on
-the bare GPU machine); a part that hangs is stopped at its limit and the next part still runs.
+the bare GPU machine); a part that hangs is stopped at its limit and the next part still runs,
+and a part stopped partway keeps the data it saved on the way.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.gpu_check import report
 from bench.lib.capacity import CapacityCriteria, CapacityMeasure
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,19 +36,27 @@ def _run(out: Path, *args: str, timeout_s: float = 600) -> subprocess.CompletedP
 
 
 @pytest.fixture(scope='module')
-def dry_run(tmp_path_factory) -> tuple[subprocess.CompletedProcess, dict, str]:
+def dry_run_outputs(tmp_path_factory) -> tuple[subprocess.CompletedProcess, dict, str, Path]:
     """The whole dry run through the GPU machine's entry point, bench/gpu_check.sh; the
-    parts' limits are set for the H200, so they are doubled for a shared 2-core CPU."""
+    parts' limits are set for the H200, so they are doubled for a shared 2-core CPU. The
+    work dir is kept: it holds each part's result and partial files."""
     out = tmp_path_factory.mktemp('gpu_check')
+    workdir = out / 'work'
     done = subprocess.run(
-        ['bash', str(ROOT / 'bench' / 'gpu_check.sh'), str(out), '--dry-run', '--budget-s', '900'],
+        ['bash', str(ROOT / 'bench' / 'gpu_check.sh'), str(out), '--dry-run', '--budget-s', '900',
+         '--workdir', str(workdir)],
         env=dict(os.environ, PYTHON=sys.executable, GPU_CHECK_TIMEOUT_S='580'),
         capture_output=True,
         text=True,
         timeout=600,
-    )
+    )  # fmt: skip
     results = json.loads((out / 'results.json').read_text())
-    return done, results, (out / 'report.md').read_text()
+    return done, results, (out / 'report.md').read_text(), workdir
+
+
+@pytest.fixture(scope='module')
+def dry_run(dry_run_outputs) -> tuple[subprocess.CompletedProcess, dict, str]:
+    return dry_run_outputs[:3]
 
 
 def test_dry_run_runs_every_part_ok_and_says_so_with_timestamps(dry_run):
@@ -156,6 +166,102 @@ def test_dry_run_opens_its_report_with_every_issue_target_from_the_parts_data(dr
     assert rows['decode_kernel_copy_share']['met'] is None
     assert rows['extend_kernel_over_sdpa']['met'] is None
     assert report.index('## Targets') < report.index('## Parts') < report.index('## Kernels')
+
+
+SAVING_PARTS = ('kernels', 'model', 'profile', 'serving')
+
+
+def test_each_measuring_part_saves_as_it_goes_and_its_last_save_is_its_whole_data(
+    dry_run_outputs,
+):
+    _, results, _, workdir = dry_run_outputs
+    for name in SAVING_PARTS:
+        saved = json.loads((workdir / f'{name}.partial.json').read_text())
+        assert saved == results['parts'][name]['data'], name
+        assert 'partial' not in results['parts'][name]  # it ended ok: its data is whole
+    assert not (workdir / 'environment.partial.json').exists()
+    assert not list(workdir.glob('.*.tmp'))  # every save was renamed into place
+
+
+def _cut_short(data: dict) -> dict:
+    """Each saving part's data as it saves it partway: kernels before the sweep, the model
+    after one robot count, the profile after one step, serving during its first search."""
+    kernels = {**data['kernels'], 'rows': data['kernels']['rows'][:1]}
+    kernels['sweep'] = {'rows': [], 'skipped': [], 'verdicts': []}
+    model = {**data['model'], 'batches': data['model']['batches'][:1]}
+    profile = {**data['profile'], 'steps': data['profile']['steps'][:1]}
+    serving = {**data['serving'], 'points': data['serving']['points'][:1], 'mixed_points': []}
+    serving.update(capacity_separate=None, capacity_mixed=None, max_robots_served=None)
+    del serving['bound_share_served']
+    return {'kernels': kernels, 'model': model, 'profile': profile, 'serving': serving}
+
+
+def test_parts_stopped_partway_keep_their_sections_and_targets_marked_partial(dry_run, tmp_path):
+    _, results, _ = dry_run
+    data = {name: e['data'] for name, e in results['parts'].items()}
+    stopped = json.loads(json.dumps(results))
+    for name, partial in _cut_short(data).items():
+        stopped['parts'][name] = {
+            'status': 'timed out', 'seconds': 12.5, 'limit_s': 12.5, 'output_tail': ['...'],
+            'partial': partial,
+        }  # fmt: skip
+    report.write_outputs(tmp_path, stopped)
+    text = (tmp_path / 'report.md').read_text()
+    assert text.count('**partial (the part ran out of time after 12.5 s)**') == 4
+    for heading in ('## Kernels', '## Model', '## Profile', '## Serving'):
+        assert heading in text
+    assert 'none found yet with mixed passes (its search did not end)' in text
+    assert 'No window measured.' in text and 'Launch configs' not in text
+    rows = {t['key']: t for t in json.loads((tmp_path / 'results.json').read_text())['targets']}
+    assert (
+        rows['decode_step_1']['value'] == data['model']['batches'][0]['graphs']['decode_step_ms']
+    )
+    assert rows['step_batch']['value'] is None  # the second robot count was not reached
+    assert rows['capacity_separate']['value'] is None
+    assert rows['engine_step_1']['value'] is not None  # the 1-robot window was saved
+    assert all(t['partial'] for t in rows.values())
+    assert text.count('(from a partial part: it stopped before its end)') == len(rows)
+
+
+def _model_partial() -> dict:
+    """The model part's data as it saves it after its first robot count."""
+    times = {'prefill_ms': 3.0, 'decode_step_ms': 1.5, 'step_ms': 12.0}
+    return {
+        'preset': 'openvla-tiny', 'device': 'cpu', 'dtype': 'float32', 'reps': 1,
+        'prompt_tokens': 280, 'num_action_tokens': 7, 'decoder_params_m': 0.5,
+        'graphs_runner': 'padded paths, no graphs', 'batches': [
+            {'robots': 1, 'eager': times, 'graphs': times, 'transformers': times,
+             'graphs_equal_eager_share': 1.0, 'eager_equal_transformers_share': 1.0,
+             'graphs_equal_transformers_share': 1.0},
+        ],
+        'logits': {'max_relative_error': 1e-6, 'top1_equal': True, 'top5_overlap': 5},
+    }  # fmt: skip
+
+
+def test_a_part_that_saved_partial_data_then_hung_ends_timed_out_and_keeps_it(tmp_path):
+    partial = _model_partial()
+    (tmp_path / 'partial.json').write_text(json.dumps(partial))
+    out = tmp_path / 'out'
+    done = _run(
+        out,
+        *('--parts', 'model', '--limit', 'model=6'),
+        *('--inject-partial', f'model={tmp_path / "partial.json"}'),
+    )
+    results = json.loads((out / 'results.json').read_text())
+    entry = results['parts']['model']
+    assert entry['status'] == 'timed out'
+    assert 'saved partial data' in '\n'.join(entry['output_tail'])
+    assert entry['partial'] == partial and 'data' not in entry
+    assert done.returncode == 1  # a partial part did not end ok
+    assert 'kept its partial data' in done.stdout
+    text = (out / 'report.md').read_text()
+    assert '| model | timed out |' in text and 'partial data kept' in text
+    model_section = text[text.index('## Model (') :]
+    assert model_section.splitlines()[2].startswith('**partial (the part ran out of time after ')
+    assert '| 1 | graphs | 3.00 | 1.50 | 12.00 |' in model_section
+    (target,) = [t for t in results['targets'] if t['key'] == 'decode_step_1']
+    assert (target['value'], target['partial']) == (1.5, True)
+    assert '| decode step, 1 request, CUDA graph (from a partial part' in text
 
 
 def test_a_hanging_part_is_stopped_at_its_limit_and_the_next_part_still_runs(tmp_path):
