@@ -9,7 +9,13 @@ CUDA error in one cannot take the others down; the run goes on with the next par
 happened, and records each part as ``ok``, ``failed`` (with the tail of its output),
 ``timed out`` or ``skipped`` (with why). ``OUT/report.md`` and ``OUT/results.json`` (every
 number) are rewritten after every part (``report``), so a run killed midway still leaves
-what finished; ``OUT/gpu_check.log`` holds every part's own output. The parts import no
+what finished; ``OUT/gpu_check.log`` holds every part's own output. A part also saves what it
+has measured so far after each unit of work (``PartContext.save_partial``: each check or
+sweep row of ``kernels``, each robot count of ``model``, each step of ``profile``, each
+window and capacity of ``serving``), so a part that runs out of time or fails, or is
+stopped with the whole run, keeps it: its entry gains ``partial``, its report section is
+rendered from it marked "partial (the part ran out of time after ...)", and the targets it
+gives are read from it and marked as from a partial part. The parts import no
 rclpy, ZMQ, cv_bridge, cv2 or PIL: they run with those hidden, as on a bare machine with
 only Python, torch, triton, transformers and numpy.
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -262,6 +263,35 @@ def test_a_part_that_saved_partial_data_then_hung_ends_timed_out_and_keeps_it(tm
     (target,) = [t for t in results['targets'] if t['key'] == 'decode_step_1']
     assert (target['value'], target['partial']) == (1.5, True)
     assert '| decode step, 1 request, CUDA graph (from a partial part' in text
+
+
+def test_a_run_stopped_while_a_part_runs_keeps_what_that_part_saved(tmp_path):
+    """As bench/gpu_check.sh's overall timeout stops it: SIGTERM once the part has saved."""
+    partial = _model_partial()
+    (tmp_path / 'partial.json').write_text(json.dumps(partial))
+    out, workdir = tmp_path / 'out', tmp_path / 'work'
+    argv = ['--out', str(out), '--dry-run', '--workdir', str(workdir), '--parts', 'model']
+    argv += ['--inject-partial', f'model={tmp_path / "partial.json"}']
+    driver = subprocess.Popen(
+        [sys.executable, '-m', 'bench.gpu_check', *argv],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        for line in driver.stdout:
+            if 'saved partial data' in line:
+                break
+        driver.send_signal(signal.SIGTERM)
+        driver.communicate(timeout=60)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+            driver.wait()
+    assert driver.returncode == 128 + signal.SIGTERM
+    entry = json.loads((out / 'results.json').read_text())['parts']['model']
+    assert entry['status'] == 'timed out' and entry['why'] == 'stopped with the whole run'
+    assert entry['partial'] == partial
+    text = (out / 'report.md').read_text()
+    assert '**partial (the part ran out of time; stopped with the whole run)**' in text
 
 
 def test_a_hanging_part_is_stopped_at_its_limit_and_the_next_part_still_runs(tmp_path):
