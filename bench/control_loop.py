@@ -32,7 +32,14 @@ the window's edges costs a robot less than 1%). It prints and writes (``--json``
 ``--markdown``) each system's capacity, its 1-robot p50/p99 and every measured count, with
 the load average of the machine.
 
+``--oft`` writes a tiny OpenVLA folder and a tiny OpenVLA-OFT folder on the same base
+weights (the LIBERO preset: two cameras and an 8-value state per step, chunks of 8 actions
+from one pass) and measures the scheduled core on each, ``scheduled`` (plain OpenVLA: 7
+decoded tokens, one action per step) beside ``scheduled_oft``; the robots of the OFT server
+publish two camera topics and eight joint states.
+
     python -m bench.control_loop                          # N = 1 2 4 8 16, ~6 min on 2 cores
+    python -m bench.control_loop --oft --robots 1 4 --windows 1
     python -m bench.control_loop --robots 8 --duration 20 --json out.json
     python -m bench.control_loop --capacity --json capacity.json --markdown capacity.md
 """
@@ -55,6 +62,7 @@ from typing import Any
 import yaml
 
 from bench.control_loop_report import (
+    OFT_SYSTEM,
     SYSTEMS,
     TRIGGERS,
     LoopPlan,
@@ -73,9 +81,13 @@ from bench.lib.capacity import (
     steps_table,
 )
 from bench.lib.ros_fleet import FleetConfig, RobotFleet
-from vla_sched.engine.config import DEVICES
+from vla_sched.engine.config import CORES, DEVICES
 
 ROOT = Path(__file__).resolve().parents[1]
+# The OpenVLA-OFT server's robots (the LIBERO preset): two cameras, eight state values.
+OFT_PRESET = 'libero'
+OFT_CAMERAS = ('camera/image_raw', 'wrist/image_raw')
+OFT_JOINTS = ('eef_x', 'eef_y', 'eef_z', 'eef_ax', 'eef_ay', 'eef_az', 'finger_l', 'finger_r')
 
 
 # --- the servers ----------------------------------------------------------------------------
@@ -119,23 +131,30 @@ class Server:
         stop(self.proc)
 
 
-def node_params(plan: LoopPlan, num_robots: int, core: str = 'scheduled') -> dict[str, Any]:
-    """The node's parameter file for this plan, with the ``core`` engine core."""
+def node_params(plan: LoopPlan, num_robots: int, system: str = 'scheduled') -> dict[str, Any]:
+    """The node's parameter file for this plan, serving ``system`` (an engine core, or
+    ``scheduled_oft``: the scheduled core on ``plan.oft_model_path``)."""
+    oft = system == OFT_SYSTEM
     engine = {
         'mode': 'process',
-        'model_path': plan.model_path,
+        'model_path': plan.oft_model_path if oft else plan.model_path,
         'device': plan.device,
-        'core': core,
+        'core': 'scheduled' if oft else system,
         'heartbeat_timeout_s': 5.0,
         'start_timeout_s': plan.start_timeout_s,
     }
+    robot_defaults = {
+        'period_s': plan.period_s,
+        'trigger': plan.trigger,
+        'instruction': 'pick up the red block',
+    }
+    if oft:
+        engine['oft_preset'] = OFT_PRESET
+        robot_defaults['camera_topics'] = list(OFT_CAMERAS)
+        robot_defaults['state_joint_names'] = list(OFT_JOINTS)
     values = {
         'robot_ids': [f'robot_{i}' for i in range(num_robots)],
-        'robot_defaults': {
-            'period_s': plan.period_s,
-            'trigger': plan.trigger,
-            'instruction': 'pick up the red block',
-        },
+        'robot_defaults': robot_defaults,
         'engine': engine,
         'deadlines': {'step_budget_s': plan.budget_s},
         'diagnostics': {'period_s': 1.0},
@@ -197,7 +216,12 @@ def run_system(system: str, plan: LoopPlan, folder: Path, env: dict[str, str]) -
 
 def drive(system: str, num_robots: int, plan: LoopPlan, watch: Watch, server: Server):
     camera_hz = plan.camera_rate_hz or 1.0 / plan.period_s
-    fleet = RobotFleet(num_robots, FleetConfig(camera_rate_hz=camera_hz))
+    fleet_config = FleetConfig(camera_rate_hz=camera_hz)
+    if system == OFT_SYSTEM:
+        fleet_config = FleetConfig(
+            camera_rate_hz=camera_hz, camera_topics=OFT_CAMERAS, joint_names=OFT_JOINTS
+        )
+    fleet = RobotFleet(num_robots, fleet_config)
     try:
         deadline = time.monotonic() + max(30.0, 10 * plan.period_s * num_robots)
         while not fleet.wait_for_chunks(0.0) and time.monotonic() < deadline:
@@ -427,7 +451,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         '--unnorm-key', default='', help='dataset of the action statistics (both systems)'
     )
     parser.add_argument('--device', choices=DEVICES, default=base.device)
-    parser.add_argument('--systems', nargs='+', choices=SYSTEMS, default=list(SYSTEMS))
+    parser.add_argument(
+        '--systems',
+        nargs='+',
+        choices=SYSTEMS,
+        default=None,
+        help=f'default {list(CORES)} ({OFT_SYSTEM!r} needs --oft; with --oft: scheduled and '
+        f'{OFT_SYSTEM})',
+    )
+    parser.add_argument(
+        '--oft',
+        action='store_true',
+        help='write tiny OpenVLA and OpenVLA-OFT folders (same base weights; OFT: LIBERO '
+        'preset, two cameras, state, chunks of 8) and serve each (--model-path is ignored)',
+    )
     parser.add_argument(
         '--node-param',
         nargs='*',
@@ -441,7 +478,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def plan_from_args(args: argparse.Namespace) -> LoopPlan:
     """The plan of these arguments; unset counts, warm-up and windows take the mode's
-    defaults (the sweep's, or the capacity search's)."""
+    defaults (the sweep's, or the capacity search's); ``--oft`` writes its two tiny folders
+    (``write_oft_pair``) and serves them."""
     base = LoopPlan()
     node_params = dict(parse_node_param(s) for s in args.node_param)
     if args.unnorm_key:
@@ -458,6 +496,10 @@ def plan_from_args(args: argparse.Namespace) -> LoopPlan:
             (args.warmup, args.duration, args.windows), defaults, strict=True
         )
     )
+    systems = args.systems or (['scheduled', OFT_SYSTEM] if args.oft else list(CORES))
+    model_path, oft_model_path = args.model_path, ''
+    if args.oft:  # the two tiny folders, written now
+        model_path, oft_model_path = write_oft_pair(Path(tempfile.mkdtemp(prefix='vla_oft_')))
     return LoopPlan(
         robot_counts=tuple(counts),
         period_s=args.period,
@@ -467,11 +509,26 @@ def plan_from_args(args: argparse.Namespace) -> LoopPlan:
         warmup_s=warmup,
         duration_s=duration,
         num_windows=windows,
-        model_path=args.model_path,
+        model_path=model_path,
         device=args.device,
         node_params=node_params,
-        systems=tuple(args.systems),
+        systems=tuple(systems),
+        oft_model_path=oft_model_path,
     )
+
+
+def write_oft_pair(folder: Path) -> tuple[str, str]:
+    """A tiny OpenVLA folder and a tiny OpenVLA-OFT folder on the same base weights (the
+    OFT one with the LIBERO preset's shapes) in ``folder``: their paths."""
+    from vla_sched.model.config.openvla_oft import oft_preset
+    from vla_sched.testing.openvla_oft_writer import OFT_DATASET, write_openvla_oft_checkpoint
+    from vla_sched.testing.openvla_writer import write_openvla_checkpoint
+
+    plain = write_openvla_checkpoint(folder / 'tiny-openvla', seed=0, datasets=(OFT_DATASET,))
+    oft = write_openvla_oft_checkpoint(
+        folder / 'tiny-openvla-oft', settings=oft_preset(OFT_PRESET), seed=0
+    )
+    return str(plain), str(oft)
 
 
 def parse_node_param(text: str) -> tuple[str, Any]:

@@ -2,10 +2,12 @@
 
 The systems are the vla_sched node with each of the engine's cores (``engine.core``):
 ``scheduled`` (scheduler, paged KV, batching) and ``sequential`` (one step at a time through
-transformers ``generate``, what single-robot VLA servers do). A ``LoopPoint`` is one system at
-one robot count, summarized over the measured windows; ``markdown_tables`` prints both systems
-per robot count and the ratios scheduled / sequential; ``LoopPoint.capacity_measure`` is what
-the capacity rule (``bench/lib/capacity.py``) judges.
+transformers ``generate``, what single-robot VLA servers do), and ``scheduled_oft``: the
+scheduled core on an OpenVLA-OFT folder (``LoopPlan.oft_model_path``, the LIBERO preset: two
+cameras and the state per step, chunks of 8 actions from one pass). A ``LoopPoint`` is one
+system at one robot count, summarized over the measured windows; ``markdown_tables`` prints
+every system per robot count and the ratios scheduled / sequential;
+``LoopPoint.capacity_measure`` is what the capacity rule (``bench/lib/capacity.py``) judges.
 """
 
 from __future__ import annotations
@@ -22,14 +24,15 @@ from bench.lib.tables import markdown_table
 from vla_sched.engine.config import CORES
 from vla_sched.ros.node_config import TRIGGERS
 
-SYSTEMS = CORES  # the node's engine.core
+OFT_SYSTEM = 'scheduled_oft'  # the scheduled core serving LoopPlan.oft_model_path
+SYSTEMS = (*CORES, OFT_SYSTEM)  # the node's engine.core, then OpenVLA-OFT's
 
 
 @dataclass(frozen=True, slots=True)
 class LoopPlan:
-    """What to run: robot counts, rates, windows, checkpoint, the systems (engine cores) and
-    node parameters for both (``node_params``: dotted names, e.g.
-    ``scheduler.enable_overlap``)."""
+    """What to run: robot counts, rates, windows, checkpoint, the systems (engine cores, and
+    ``scheduled_oft`` on ``oft_model_path``) and node parameters for all of them
+    (``node_params``: dotted names, e.g. ``scheduler.enable_overlap``)."""
 
     robot_counts: tuple[int, ...] = (1, 2, 4, 8, 16)
     period_s: float = 0.1
@@ -43,7 +46,8 @@ class LoopPlan:
     device: str = 'cpu'
     node_params: dict[str, Any] = dataclasses.field(default_factory=dict)
     start_timeout_s: float = 300.0
-    systems: tuple[str, ...] = SYSTEMS
+    systems: tuple[str, ...] = CORES
+    oft_model_path: str = ''  # an OpenVLA-OFT folder of the LIBERO preset's shapes
 
     def __post_init__(self) -> None:
         if not self.robot_counts or min(self.robot_counts) < 1:
@@ -58,6 +62,8 @@ class LoopPlan:
         unknown = set(self.systems) - set(SYSTEMS)
         if unknown or not self.systems:
             raise ValueError(f'systems must be among {SYSTEMS}, got {self.systems}')
+        if (OFT_SYSTEM in self.systems) != bool(self.oft_model_path):
+            raise ValueError(f'system {OFT_SYSTEM} and oft_model_path go together')
 
 
 @dataclass

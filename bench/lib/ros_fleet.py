@@ -26,6 +26,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import rclpy
 from rclpy.event_handler import PublisherEventCallbacks, SubscriptionEventCallbacks
 from rclpy.executors import SingleThreadedExecutor
@@ -51,12 +52,17 @@ class FleetConfig:
         camera_rate_hz: images (and joint states) each robot publishes per second.
         width, height: camera frame size.
         instruction: published once, latched, by every robot.
+        camera_topics: the robot's cameras (the primary first), all published with one
+            stamp per tick; each further camera's frame is the primary's shifted sideways.
+        joint_names: the names of the joint states.
     """
 
     camera_rate_hz: float = 10.0
     width: int = 64
     height: int = 64
     instruction: str = 'pick up the red block'
+    camera_topics: tuple[str, ...] = ('camera/image_raw',)
+    joint_names: tuple[str, ...] = DEFAULT_JOINTS
 
     def __post_init__(self) -> None:
         if not self.camera_rate_hz > 0:
@@ -110,9 +116,10 @@ class FleetRobot:
         self._frames = FrameSource(width=config.width, height=config.height)
         quiet_pub = PublisherEventCallbacks(use_default_callbacks=False)
         quiet_sub = SubscriptionEventCallbacks(use_default_callbacks=False)
-        self._images = self.node.create_publisher(
-            Image, 'camera/image_raw', sensor_qos, event_callbacks=quiet_pub
-        )
+        self._images = [
+            self.node.create_publisher(Image, topic, sensor_qos, event_callbacks=quiet_pub)
+            for topic in config.camera_topics
+        ]
         self._joints = self.node.create_publisher(
             JointState, 'joint_states', sensor_qos, event_callbacks=quiet_pub
         )
@@ -135,9 +142,14 @@ class FleetRobot:
 
     def _publish_frame(self) -> None:
         stamp = self.node.get_clock().now().to_msg()
-        self._joints.publish(joint_state(DEFAULT_JOINTS, time.monotonic(), stamp))
+        self._joints.publish(joint_state(self.config.joint_names, time.monotonic(), stamp))
         frame = self._frames.frame(self.num_frames)
-        self._images.publish(rgb_to_image(frame, stamp=stamp, frame_id=f'{self.robot_id}_camera'))
+        for index, publisher in enumerate(self._images):
+            # each further camera sees the frame shifted: an image of its own to the engine
+            view = frame if index == 0 else np.roll(frame, 7 * index, axis=1)
+            publisher.publish(
+                rgb_to_image(view, stamp=stamp, frame_id=f'{self.robot_id}_camera{index or ""}')
+            )
         self.num_frames += 1
         self.log.num_images += 1
 
