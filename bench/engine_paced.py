@@ -102,13 +102,18 @@ def fresh_frame(seed: int, size: int = FRAME_SIZE) -> np.ndarray:
 
 
 def camera_request(
-    robot: int, seq: int, *, stamp_ns: int, deadline_ns: int, num_state: int
-) -> StepRequest:
-    """Step ``seq`` of ``robot_<robot>`` with a fresh random frame, sent now."""
+    robot: int, seq: int, *, stamp_ns: int, deadline_ns: int, num_state: int,
+    num_images: int = 1,
+) -> StepRequest:  # fmt: skip
+    """Step ``seq`` of ``robot_<robot>`` with a fresh random frame per camera, sent now."""
     seed = zlib.crc32(f'{robot}/{seq}/{stamp_ns}'.encode())
+    others = tuple(
+        fresh_frame(zlib.crc32(f'{robot}/{seq}/{stamp_ns}/{camera}'.encode()))
+        for camera in range(1, num_images)
+    )
     return step_request(
         robot, seq, stamp_ns=stamp_ns, deadline_ns=deadline_ns, received_ns=time.time_ns(),
-        frame=fresh_frame(seed), num_state=num_state,
+        frame=fresh_frame(seed), num_state=num_state, other_frames=others,
     )  # fmt: skip
 
 
@@ -170,8 +175,9 @@ def run_checked(
         next_seq[robot] += 1
         now = time.time_ns()
         request = camera_request(
-            robot, seq, stamp_ns=now, deadline_ns=now + 60 * 10**9, num_state=num_state
-        )
+            robot, seq, stamp_ns=now, deadline_ns=now + 60 * 10**9, num_state=num_state,
+            num_images=core.info.num_images,
+        )  # fmt: skip
         open_steps.add((request.robot_id, seq))
         for failure in core.submit(request, now):
             end(failure)
@@ -271,7 +277,7 @@ def _paced_point(core: ScheduledCore, plan: PacedPlan, num_robots: int) -> Paced
             now = time.time_ns()
             request = camera_request(
                 step.robot, step.seq, stamp_ns=step.stamp_ns, deadline_ns=step.deadline_ns,
-                num_state=core.info.num_state,
+                num_state=core.info.num_state, num_images=core.info.num_images,
             )  # fmt: skip
             sent[step.robot] = (step.stamp_ns, now)
             counts['sent'] += int(judged[0] <= step.stamp_ns < judged[1])

@@ -1,7 +1,7 @@
 """The prepared GPU run: correctness first, then measurements, in one bounded command.
 
-    bash bench/gpu_check.sh OUT                        # on the GPU machine, under 8 minutes
-    python -m bench.gpu_check --out OUT [--budget-s 450] [--workdir DIR] [--parts NAME ...]
+    bash bench/gpu_check.sh OUT                        # on the GPU machine, under 9 minutes
+    python -m bench.gpu_check --out OUT [--budget-s 495] [--workdir DIR] [--parts NAME ...]
     python -m bench.gpu_check --out OUT --dry-run      # the same parts, tiny, on the CPU
 
 Each part runs in its own process under its own time limit (``isolation``), so a hang or a
@@ -12,14 +12,14 @@ number) are rewritten after every part (``report``), so a run killed midway stil
 what finished; ``OUT/gpu_check.log`` holds every part's own output. A part also saves what it
 has measured so far after each unit of work (``PartContext.save_partial``: each check or
 sweep row of ``kernels``, each robot count of ``model``, each step of ``profile``, each
-window and capacity of ``serving``), so a part that runs out of time or fails, or is
-stopped with the whole run, keeps it: its entry gains ``partial``, its report section is
-rendered from it marked "partial (the part ran out of time after ...)", and the targets it
-gives are read from it and marked as from a partial part. The parts import no
+window and capacity of ``serving``, each measure of ``oft``), so a part that runs out of
+time or fails, or is stopped with the whole run, keeps it: its entry gains ``partial``, its
+report section is rendered from it marked "partial (the part ran out of time after ...)",
+and the targets it gives are read from it and marked as from a partial part. The parts import no
 rclpy, ZMQ, cv_bridge, cv2 or PIL: they run with those hidden, as on a bare machine with
 only Python, torch, triton, transformers and numpy.
 
-Parts, in order, one module each (limits at ``--budget-s 450``, scaled with it; H200 seconds
+Parts, in order, one module each (limits at ``--budget-s 495``, scaled with it; H200 seconds
 from runs A and B where they ran):
 
 ============ ======= ========= ================================================================
@@ -51,6 +51,11 @@ serving      120     49 (*)    the capacity at 10 Hz by the one capacity rule
                                with separate prefill and decode passes and on one with mixed
                                passes (``bench.engine_paced``); the robot count the matmul rate
                                allows, one robot's step against the floor
+oft          45      -         OpenVLA-OFT on the folder (linked, with a random head of
+                               151 M parameters; the LIBERO preset: 2 cameras, chunks of 8),
+                               bf16, eager: one robot's pass and 16 robots' pass against their
+                               floors, the capacity at 10 Hz of chunks on the engine core by
+                               the one capacity rule (bisection up to the FLOP ceiling)
 scheduler    45      35        scheduler host time per decode step, null and 7B runner,
                                overlap on and off (``bench.scheduler_cost``)
 ============ ======= ========= ================================================================
@@ -59,7 +64,8 @@ scheduler    45      35        scheduler host time per decode step, null and 7B 
 about 20 s each) with at most 6 windows of about 4.5 s each are expected to take 80-110 s.
 
 ``report.md`` opens with issue 22's targets (``targets``): each measure with its value, its
-floor, the target and whether it is met; ``results.json`` holds them under ``targets``.
+floor, the target and whether it is met, then OpenVLA-OFT's measures as information rows (no
+target); ``results.json`` holds them under ``targets``.
 
 The dry run uses a tiny OpenVLA-format folder, the Triton interpreter and short windows;
 it checks the script, not speed (about two minutes on two CPU cores).

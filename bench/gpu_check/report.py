@@ -1,6 +1,6 @@
-"""The run's report: ``report.md`` (issue 22's targets, a table of the parts, each part's
-section) and ``results.json`` (every number, the targets under ``targets``), rewritten after
-every part.
+"""The run's report: ``report.md`` (issue 22's targets and OpenVLA-OFT's information rows, a
+table of the parts, each part's section) and ``results.json`` (every number, the targets
+under ``targets``), rewritten after every part.
 
 A part that did not end ok but saved data on the way (its entry's ``partial``) still has its
 section, rendered from that data under its heading and marked as partial."""
@@ -15,7 +15,7 @@ from bench.gpu_check.json_files import json_text, write_whole
 from bench.gpu_check.parts import PART_NAMES, part_module
 from bench.lib.tables import cell, markdown_table
 
-SECTION_PARTS = ('kernels', 'model', 'profile', 'engine_core', 'serving', 'scheduler')
+SECTION_PARTS = ('kernels', 'model', 'profile', 'engine_core', 'serving', 'oft', 'scheduler')
 ENDED = {'timed out': 'ran out of time', 'failed': 'failed'}
 
 

@@ -1,5 +1,6 @@
 """Issue 22's targets against what the run measured: each with its value, its floor, the
-target and whether it is met (None: not measured in this run), in one table.
+target and whether it is met (None: not measured in this run), in one table; after them
+OpenVLA-OFT's measures as information rows.
 
 Each target reads the data of the part that measures it:
 
@@ -17,9 +18,15 @@ extend_kernel_over_sdpa     kernels   worst ``ms / baseline_ms`` of the extend `
 capacity_separate           serving   ``capacity_separate`` (bound: ``robots_pass_bound``)
 capacity_mixed              serving   ``capacity_mixed`` (bound: ``robots_bound``)
 engine_step_1               serving   ``one_robot_step_over_floor``
+oft_step_1                  oft       ``steps[robots=1].pass_ms`` / ``floor.pass_ms``
+oft_step_batch              oft       ``steps[largest].pass_ms`` / its ``floor.pass_ms``
+oft_capacity                oft       ``capacity.capacity`` (bound: ``robots_bound``)
 =========================== ========= ======================================================
 
-"largest" is the model part's largest robot count (16 on a GPU, 2 in the dry run). A part
+The ``oft_*`` rows are information rows (issue 24 sets OpenVLA-OFT no numeric target): they
+show the measure, its floor and their ratio, with ``target`` None ("-") and ``met`` None.
+
+"largest" is the model (oft) part's largest robot count (16 on a GPU, 2 in the dry run). A part
 that did not end ok gives its targets from the data it saved before it stopped (its entry's
 ``partial``): such rows say so (``partial``, and a note in the table).
 """
@@ -37,7 +44,7 @@ EXTEND_MIN_PREFIX = 2048
 
 def _row(
     key: str, measure: str, value: float | None, *, floor: float | None, unit: str,
-    wanted: str, met: bool | None, over_floor: float | None = None,
+    wanted: str | None, met: bool | None, over_floor: float | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     return {
         'key': key, 'measure': measure, 'value': value, 'unit': unit, 'floor': floor,
@@ -148,6 +155,38 @@ def serving_targets(serving: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
+def oft_rows(oft: dict[str, Any]) -> list[dict[str, Any]]:
+    """OpenVLA-OFT's step of 1 and of N robots in one pass against their floors, and its
+    capacity at 10 Hz of chunks against the FLOP ceiling (the ``oft`` part): information
+    rows, no target."""
+    steps = {s['robots']: s for s in oft.get('steps', [])}
+    largest = max((n for n in steps if n > 1), default=None)
+    n = largest or 16
+    cameras, chunk = oft.get('num_images', 2), oft.get('chunk_len', 8)
+    rows = []
+    for key, count, measure in (
+        ('oft_step_1', 1, "one robot's step"),
+        ('oft_step_batch', largest, f'{n} robots in one pass'),
+    ):
+        step = steps.get(count, {})
+        floor = step.get('floor', {}).get('pass_ms')
+        rows.append(_row(
+            key, f'OpenVLA-OFT: {measure} ({cameras} cameras, chunk {chunk}, one pass, eager)',
+            step.get('pass_ms'), floor=floor, unit='ms', wanted=None, met=None,
+            over_floor=_ratio(step.get('pass_ms'), floor),
+        ))  # fmt: skip
+    paced = oft.get('capacity', {})
+    capacity, bound = paced.get('capacity'), oft.get('robots_bound')
+    hz, deadline = 1 / paced.get('period_s', 0.1), paced.get('deadline_ms', 100.0)
+    rows.append(_row(
+        'oft_capacity', f'OpenVLA-OFT: robots at {hz:g} Hz of chunks on the engine core (>= '
+        f'99% of the chunk rate and of steps within the {deadline:.0f} ms deadline)', capacity,
+        floor=bound,
+        unit='robots', wanted=None, met=None, over_floor=_ratio(capacity, bound),
+    ))  # fmt: skip
+    return rows
+
+
 def part_data(entry: dict[str, Any]) -> tuple[dict[str, Any], bool]:
     """A part's data for the targets and whether it is partial: its data if it ended ok,
     else what it saved before it stopped (its ``partial``), else nothing."""
@@ -158,12 +197,14 @@ def part_data(entry: dict[str, Any]) -> tuple[dict[str, Any], bool]:
 
 
 def issue_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
-    """Every target of issue 22, in the issue's order, from the parts that ended ok, or from
-    the data a part saved before it stopped (the row's ``partial`` is then true)."""
+    """Every target of issue 22, in the issue's order, then OpenVLA-OFT's information rows,
+    from the parts that ended ok, or from the data a part saved before it stopped (the row's
+    ``partial`` is then true)."""
     data = {name: part_data(e) for name, e in results['parts'].items()}
     rows = []
     for part, targets_of in (
         ('model', model_targets), ('kernels', kernel_targets), ('serving', serving_targets),
+        ('oft', oft_rows),
     ):  # fmt: skip
         found, partial = data.get(part, ({}, False))
         rows += [{**row, 'partial': partial} for row in targets_of(found)]
@@ -181,14 +222,16 @@ def _shown(value: float | None, unit: str) -> str:
 
 
 def markdown_lines(targets: list[dict[str, Any]]) -> list[str]:
-    """The targets as a table: measured, floor, measured / floor, target, met."""
+    """The targets as a table: measured, floor, measured / floor, target, met (an
+    information row, without a target, shows "-" for both)."""
     met = {True: 'yes', False: '**no**', None: 'not measured'}
     rows = [
         [t['measure'] + (PARTIAL_NOTE if t.get('partial') else ''),
          _shown(t['value'], t['unit']), _shown(t['floor'], t['unit']),
-         f'{t["over_floor"]:.2f}x' if t['over_floor'] is not None else '-', t['target'],
-         met[t['met']]]
+         f'{t["over_floor"]:.2f}x' if t['over_floor'] is not None else '-',
+         t['target'] or '-', met[t['met']] if t['target'] else '-']
         for t in targets
     ]  # fmt: skip
-    headers = ['measure (issue 22)', 'measured', 'floor', 'measured / floor', 'target', 'met']
+    headers = ['measure (issue 22; OpenVLA-OFT: information)', 'measured', 'floor',
+               'measured / floor', 'target', 'met']  # fmt: skip
     return ['## Targets', '', markdown_table(headers, rows)]

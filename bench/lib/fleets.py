@@ -197,15 +197,17 @@ def step_request(
     frame: np.ndarray,
     num_state: int = 0,
     instruction: str = INSTRUCTION,
+    other_frames: tuple[np.ndarray, ...] = (),
 ) -> StepRequest:
-    """Step ``seq`` of ``robot_<robot>`` with ``frame``, a zero state of ``num_state``."""
+    """Step ``seq`` of ``robot_<robot>`` with ``frame`` (the primary camera's) and
+    ``other_frames`` (the further cameras', in order), a zero state of ``num_state``."""
     return StepRequest(
         robot_id=f'robot_{robot}',
         step_seq=seq,
         stamp_ns=stamp_ns,
         deadline_ns=deadline_ns,
         received_ns=received_ns,
-        images=(frame,),
+        images=(frame, *other_frames),
         state=np.zeros(num_state, np.float32),
         instruction=instruction,
         instruction_version=1,
