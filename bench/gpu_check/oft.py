@@ -213,6 +213,7 @@ def measure_capacity(ctx: PartContext, core, plan, data: dict, rates) -> dict[st
     capacity['capacity'] = search.capacity
     if data.get('robots_bound'):
         capacity['bound_share_served'] = search.capacity / data['robots_bound']
+    ctx.save_partial(data)
     print(f'capacity: {search.capacity} robots', flush=True)
     return capacity
 

@@ -8,6 +8,7 @@ and a part stopped partway keeps the data it saved on the way.
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -22,7 +23,7 @@ from bench.lib.capacity import CapacityCriteria, CapacityMeasure
 ROOT = Path(__file__).resolve().parents[2]
 PARTS = (
     'environment', 'kernels', 'checkpoint', 'model', 'profile', 'engine_core', 'serving',
-    'scheduler',
+    'oft', 'scheduler',
 )  # fmt: skip
 
 
@@ -119,6 +120,7 @@ def test_dry_run_records_the_numbers_each_part_must_produce(dry_run):
     assert 'bound_share_served' in serving
     assert serving['floor']['matmul_tflops'] == env['matmul_tflops']
     assert serving['one_robot_step_over_floor'] > 0
+    _check_oft(data['oft'], env)
     points = data['scheduler']['points']
     assert {(p['runner'], p['overlap']) for p in points} == {
         (runner, overlap) for runner in ('null', 'model') for overlap in (False, True)
@@ -126,6 +128,36 @@ def test_dry_run_records_the_numbers_each_part_must_produce(dry_run):
     assert '## Scheduler host time per decode step' in report and 'Mixed passes:' in report
     for header in ('## Kernels', '## Model', '## Profile', '## Engine core', '## Serving'):
         assert header in report
+    assert report.index('## Serving') < report.index('## OpenVLA-OFT (libero preset: 2 cameras')
+
+
+def _check_oft(oft: dict, env: dict) -> None:
+    """The oft part's data: the libero preset's passes of 1 and 2 robots against their
+    floors at the environment's rates, and the capacity bisection of its chunks."""
+    assert (oft['num_images'], oft['chunk_len'], oft['cuda_graphs']) == (2, 8, False)
+    assert [s['robots'] for s in oft['steps']] == [1, 2]
+    for step in oft['steps']:
+        assert step['pass_ms'] > 0 and step['chunk_shape'] == [8, 7]
+        floor = step['floor']
+        assert floor['num_robots'] == step['robots']
+        assert floor['matmul_tflops'] == env['matmul_tflops']
+        assert floor['pass_ms'] == max(floor['compute_ms'], floor['weights_ms']) > 0
+        assert step['over_floor'] == pytest.approx(step['pass_ms'] / floor['pass_ms'])
+    assert oft['crop_ms_per_image'] > 0 and oft['robots_bound'] > 0
+    capacity = oft['capacity']
+    # The bisection up to 2 robots (or the FLOP ceiling, if lower): 1 robot, then 2 only
+    # where 1 was served.
+    assert capacity['max_robots'] == min(2, math.ceil(oft['robots_bound']))
+    criteria = CapacityCriteria()
+    points = capacity['points']
+    served = [
+        p['num_robots'] for p in points if not criteria.failures(CapacityMeasure(**p['capacity']))
+    ]
+    expected = [1, 2] if 1 in served and capacity['max_robots'] == 2 else [1]
+    assert [p['num_robots'] for p in points] == expected
+    assert capacity['capacity'] == max(served, default=0)
+    for point in points:  # a chunk of 8 actions per robot per period
+        assert point['target_actions_per_s'] == 8 * point['num_robots'] / capacity['period_s']
 
 
 def test_dry_run_profiles_each_step_as_a_table_of_its_ops_longest_first(dry_run):
@@ -153,7 +185,7 @@ def test_dry_run_opens_its_report_with_every_issue_target_from_the_parts_data(dr
     assert list(rows) == [
         'decode_step_1', 'decode_step_batch', 'prefill_1', 'step_1', 'step_batch',
         'decode_kernel_copy_share', 'extend_kernel_over_sdpa', 'capacity_separate',
-        'capacity_mixed', 'engine_step_1',
+        'capacity_mixed', 'engine_step_1', 'oft_step_1', 'oft_step_batch', 'oft_capacity',
     ]  # fmt: skip
     one, two = (b['graphs'] for b in data['model']['batches'])
     assert rows['decode_step_1']['value'] == one['decode_step_ms']
@@ -163,13 +195,19 @@ def test_dry_run_opens_its_report_with_every_issue_target_from_the_parts_data(dr
     for key in ('capacity_separate', 'capacity_mixed'):
         assert rows[key]['value'] == data['serving'][key]
         assert rows[key]['met'] is (data['serving'][key] >= 10)
+    oft_one, oft_two = data['oft']['steps']
+    assert rows['oft_step_1']['value'] == oft_one['pass_ms']
+    assert rows['oft_step_batch']['over_floor'] == pytest.approx(oft_two['over_floor'])
+    assert rows['oft_capacity']['value'] == data['oft']['capacity']['capacity']
+    for key in ('oft_step_1', 'oft_step_batch', 'oft_capacity'):
+        assert rows[key]['target'] is None and rows[key]['met'] is None
     # The dry run's kernel shapes are tiny: no decode at batch 32, no extend at batch 8.
     assert rows['decode_kernel_copy_share']['met'] is None
     assert rows['extend_kernel_over_sdpa']['met'] is None
     assert report.index('## Targets') < report.index('## Parts') < report.index('## Kernels')
 
 
-SAVING_PARTS = ('kernels', 'model', 'profile', 'serving')
+SAVING_PARTS = ('kernels', 'model', 'profile', 'serving', 'oft')
 
 
 def test_each_measuring_part_saves_as_it_goes_and_its_last_save_is_its_whole_data(
@@ -186,7 +224,8 @@ def test_each_measuring_part_saves_as_it_goes_and_its_last_save_is_its_whole_dat
 
 def _cut_short(data: dict) -> dict:
     """Each saving part's data as it saves it partway: kernels before the sweep, the model
-    after one robot count, the profile after one step, serving during its first search."""
+    after one robot count, the profile after one step, serving during its first search, oft
+    after its one-robot pass."""
     kernels = {**data['kernels'], 'rows': data['kernels']['rows'][:1]}
     kernels['sweep'] = {'rows': [], 'skipped': [], 'verdicts': []}
     model = {**data['model'], 'batches': data['model']['batches'][:1]}
@@ -194,7 +233,11 @@ def _cut_short(data: dict) -> dict:
     serving = {**data['serving'], 'points': data['serving']['points'][:1], 'mixed_points': []}
     serving.update(capacity_separate=None, capacity_mixed=None, max_robots_served=None)
     del serving['bound_share_served']
-    return {'kernels': kernels, 'model': model, 'profile': profile, 'serving': serving}
+    oft = {**data['oft'], 'steps': data['oft']['steps'][:1]}
+    del oft['capacity'], oft['crop_ms_per_image']
+    return {
+        'kernels': kernels, 'model': model, 'profile': profile, 'serving': serving, 'oft': oft,
+    }  # fmt: skip
 
 
 def test_parts_stopped_partway_keep_their_sections_and_targets_marked_partial(dry_run, tmp_path):
@@ -208,8 +251,8 @@ def test_parts_stopped_partway_keep_their_sections_and_targets_marked_partial(dr
         }  # fmt: skip
     report.write_outputs(tmp_path, stopped)
     text = (tmp_path / 'report.md').read_text()
-    assert text.count('**partial (the part ran out of time after 12.5 s)**') == 4
-    for heading in ('## Kernels', '## Model', '## Profile', '## Serving'):
+    assert text.count('**partial (the part ran out of time after 12.5 s)**') == 5
+    for heading in ('## Kernels', '## Model', '## Profile', '## Serving', '## OpenVLA-OFT'):
         assert heading in text
     assert 'none found yet with mixed passes (its search did not end)' in text
     assert 'No window measured.' in text and 'Launch configs' not in text
@@ -219,6 +262,8 @@ def test_parts_stopped_partway_keep_their_sections_and_targets_marked_partial(dr
     )
     assert rows['step_batch']['value'] is None  # the second robot count was not reached
     assert rows['capacity_separate']['value'] is None
+    assert rows['oft_step_1']['value'] is not None and rows['oft_step_batch']['value'] is None
+    assert rows['oft_capacity']['value'] is None
     assert rows['engine_step_1']['value'] is not None  # the 1-robot window was saved
     assert all(t['partial'] for t in rows.values())
     assert text.count('(from a partial part: it stopped before its end)') == len(rows)

@@ -14,7 +14,7 @@ H200 = MeasuredRates(4138.8, 753.5, 'bfloat16')  # run B's rates
 KEYS = [
     'decode_step_1', 'decode_step_batch', 'prefill_1', 'step_1', 'step_batch',
     'decode_kernel_copy_share', 'extend_kernel_over_sdpa', 'capacity_separate',
-    'capacity_mixed', 'engine_step_1',
+    'capacity_mixed', 'engine_step_1', 'oft_step_1', 'oft_step_batch', 'oft_capacity',
 ]  # fmt: skip
 
 
