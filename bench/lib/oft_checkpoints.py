@@ -38,8 +38,8 @@ from vla_sched.testing.openvla_oft_writer import (
 )
 
 COMPLETE_MARKER = '.complete'  # written last: a folder without it is redone
-# Files of the base folder an OFT folder does not link: its own statistics, any component
-# file, the base's marker.
+# Files of the base folder an OFT folder does not link (nor any component file): the
+# statistics (it writes its own) and the base's marker.
 _NOT_LINKED = (ACTION_STATISTICS_FILE, COMPLETE_MARKER)
 
 
@@ -61,6 +61,11 @@ def random_component_state(
             drawn = drawn / math.sqrt(shape[1])
         state[name] = drawn.to(dtype)
     return state
+
+
+def _on_host(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Saved from the host, so the file loads anywhere as training's files do."""
+    return {name: t.cpu() for name, t in state.items()}
 
 
 def _linked_files(base: Path) -> list[Path]:
@@ -93,13 +98,15 @@ def write_oft_folder_from_openvla(
     head = random_component_state(
         action_head_shapes(hidden, settings.action_dim), device=device, dtype=dtype, seed=seed
     )
-    save_component(folder / component_file_name(ACTION_HEAD_COMPONENT), head)
+    save_component(folder / component_file_name(ACTION_HEAD_COMPONENT), _on_host(head))
     if settings.use_proprio:
         projector = random_component_state(
             proprio_projector_shapes(hidden, settings.proprio_dim),
             device=device, dtype=dtype, seed=seed + 1,
         )  # fmt: skip
-        save_component(folder / component_file_name(PROPRIO_PROJECTOR_COMPONENT), projector)
+        save_component(
+            folder / component_file_name(PROPRIO_PROJECTOR_COMPONENT), _on_host(projector)
+        )
     return folder
 
 
