@@ -49,12 +49,8 @@ CROP_REPS = 10
 # The paced windows: the serving part's period and deadline, shorter windows (the part has
 # less time); the dry run's robots ask slower and wait longer, as the serving part's do.
 PERIOD_S, DEADLINE_MS, WARMUP_S, DURATION_S = 0.1, 100.0, 1.0, 2.0
-DRY_RUN_PERIOD_S, DRY_RUN_DEADLINE_MS, DRY_RUN_WARMUP_S, DRY_RUN_DURATION_S = (
-    0.25,
-    1000.0,
-    0.25,
-    1.0,
-)
+DRY_RUN_PERIOD_S, DRY_RUN_DEADLINE_MS = 0.25, 1000.0
+DRY_RUN_WARMUP_S, DRY_RUN_DURATION_S = 0.25, 1.0
 INSTRUCTION = 'pick up the red block'  # the paced robots' (bench.lib.fleets)
 
 
