@@ -112,7 +112,7 @@ class ScheduledCore:
         num_kv_slots = (self.memory.allocator.num_pages + 1) * config.page_size
         if isinstance(spec, OFTCheckpointSpec):
             self.translator = OFTStepTranslator.from_checkpoint(folder, spec, config)
-            runner = _oft_runner(folder, spec, self.memory, num_kv_slots, device, dtype)
+            runner = _oft_runner(folder, spec, self.memory, num_kv_slots, device, dtype, config)
             self.decoder = None
             info = oft_engine_info(
                 spec,
@@ -374,12 +374,17 @@ def _oft_runner(
     num_kv_slots: int,
     device: torch.device,
     dtype: torch.dtype,
+    config: EngineConfig,
 ) -> BatchRunner:
-    """The ``ParallelActionRunner`` of an OpenVLA-OFT checkpoint (eager: no CUDA graphs)."""
+    """The ``ParallelActionRunner`` of an OpenVLA-OFT checkpoint (its passes and the vision
+    encoder replayed as CUDA graphs with ``engine.cuda_graphs`` on a GPU)."""
     from vla_sched.model.loading.oft_model import load_oft_checkpoint
     from vla_sched.model.runner.action_chunk_runner import ParallelActionRunner
 
     model = load_oft_checkpoint(folder, spec=spec, device=device, dtype=dtype)
     return ParallelActionRunner(
-        model, req_to_token=memory.req_to_token_pool.req_to_token, num_kv_slots=num_kv_slots
+        model,
+        req_to_token=memory.req_to_token_pool.req_to_token,
+        num_kv_slots=num_kv_slots,
+        cuda_graphs=config.cuda_graphs and device.type == 'cuda',
     )

@@ -9,6 +9,12 @@ final hidden states one position before each action slot, and the actions are
 un-normalized with the selected dataset's bounds (gripper and other unmasked dimensions
 left as the model gives them). The K/V the pass writes go to the slots the caller gave; an
 OFT step keeps none of them afterwards, so the caller frees them once the call returns.
+
+With ``cuda_graphs`` (or ``pass_sizes`` for the same path run eagerly, as the CPU tests do)
+the decoder and the head run as padded passes at prepared sizes (``oft_graphs``: whole
+requests, as few padded tokens as the sizes allow, replayed as CUDA graphs on a GPU) and
+the towers through ``VisionGraphs``; the embeddings are built eagerly either way. What each
+path ran is counted (``padding_stats``: ``oft`` in tokens, ``vision`` in images).
 """
 
 from __future__ import annotations
@@ -26,7 +32,11 @@ from vla_sched.model.layers.transfer import to_device
 from vla_sched.model.layers.vision import FeatureCache, preprocess_image
 from vla_sched.model.loading.oft_model import OFTModel
 from vla_sched.model.prompting.oft_prompt import OFTSequence
+from vla_sched.model.runner.oft_graphs import NUM_OFT_PADDING_SLOTS, OFTGraphs, build_oft_paths
+from vla_sched.model.runner.oft_passes import OFTPass, OFTPassSizes
+from vla_sched.model.runner.padding_stats import OFT_PATH_UNITS, PaddingCounter, PaddingStats
 from vla_sched.model.runner.step_inputs import check_batch
+from vla_sched.model.runner.vision_graphs import VisionGraphs
 
 
 class FinishedActions:
@@ -52,8 +62,17 @@ class ParallelActionRunner:
         num_kv_slots: KV capacity in tokens (slot ids the caller may hand out).
         backend: Attention kernel backend (``auto``, ``triton``, ``torch``).
         kv_caches: Per-layer caches to write into (e.g. shared with another runner);
-            allocated here (``num_kv_slots`` slots) when None.
+            allocated here when None. They hold ``num_kv_slots`` slots, and
+            ``NUM_OFT_PADDING_SLOTS`` more for the padding tokens on the padded path.
         feature_cache_size: Projected image features kept by content hash.
+        cuda_graphs: Capture the padded passes and the vision encoder as CUDA graphs (a
+            CUDA device; the passes run the Triton kernels).
+        pass_sizes: The padded path's prepared sizes; given without ``cuda_graphs``, the
+            same padded passes run eagerly. None: ``OFTPassSizes()`` with ``cuda_graphs``,
+            else the plain eager pass.
+
+    Raises:
+        ValueError: for ``cuda_graphs`` off CUDA.
     """
 
     def __init__(
@@ -65,18 +84,25 @@ class ParallelActionRunner:
         backend: str = 'auto',
         kv_caches: list[KVCache] | None = None,
         feature_cache_size: int = 64,
+        cuda_graphs: bool = False,
+        pass_sizes: OFTPassSizes | None = None,
     ) -> None:
         if req_to_token.dim() != 2 or req_to_token.dtype not in (torch.int32, torch.int64):
             raise ValueError('req_to_token must be an int32 [num_req_slots, max_context_len]')
         if num_kv_slots < 1:
             raise ValueError(f'num_kv_slots must be >= 1, got {num_kv_slots}')
+        if cuda_graphs and model.device.type != 'cuda':
+            raise ValueError('CUDA graphs need the model on a CUDA device')
+        if cuda_graphs and pass_sizes is None:
+            pass_sizes = OFTPassSizes()
         decoder = model.vla.decoder
+        num_slots = num_kv_slots + (NUM_OFT_PADDING_SLOTS if pass_sizes is not None else 0)
         if kv_caches is None:
-            kv_caches = decoder.allocate_kv_cache(num_kv_slots)
-        elif len(kv_caches) != decoder.spec.num_layers or kv_caches[0][0].shape[0] < num_kv_slots:
+            kv_caches = decoder.allocate_kv_cache(num_slots)
+        elif len(kv_caches) != decoder.spec.num_layers or kv_caches[0][0].shape[0] < num_slots:
             raise ValueError(
                 f'kv_caches must hold {decoder.spec.num_layers} layers of at least '
-                f'{num_kv_slots} slots'
+                f'{num_slots} slots'
             )
         self.model = model
         self.device = model.device
@@ -95,6 +121,27 @@ class ParallelActionRunner:
             self._req_to_token_dev = torch.zeros(
                 req_to_token.shape, dtype=torch.int32, device=self.device
             )
+        self._padding = {path: PaddingCounter() for path in OFT_PATH_UNITS}
+        self.oft_graphs: OFTGraphs | None = None
+        self.vision_graphs: VisionGraphs | None = None
+        if pass_sizes is not None:
+            self.oft_graphs, self.vision_graphs = build_oft_paths(
+                model,
+                kv_caches,
+                req_to_token if self._reads_engine_table else self._req_to_token_dev,
+                rope=self._rope,
+                pass_sizes=pass_sizes,
+                first_pad_slot=num_kv_slots,
+                cuda_graphs=cuda_graphs,
+                backend=backend,
+                counters=self._padding,
+            )
+
+    def padding_stats(self) -> dict[str, PaddingStats]:
+        """What each path ran since the runner was built: ``'oft'`` (the decoder and head
+        passes, in tokens) and ``'vision'`` (images), as ``PaddingStats``; steps on the
+        plain eager pass count as eager runs."""
+        return {path: counter.snapshot() for path, counter in self._padding.items()}
 
     @property
     def chunk_shape(self) -> tuple[int, int]:
@@ -215,20 +262,48 @@ class ParallelActionRunner:
         embeds = decoder.embed(to_device(batch.input_ids, self.device))
         starts = (torch.cumsum(batch.extend_lens, 0) - batch.extend_lens).tolist()
         self._place_images(batch, embeds, starts)
-        action_rows, proprio_rows, read_rows = [], [], []
+        action_rows, proprio_rows = [], []
         for start, layout in zip(starts, layouts, strict=True):
             first = start + layout.action_offset
             action_rows.append(torch.arange(first, first + layout.num_action_tokens))
-            read_rows.append(torch.arange(first - 1, first - 1 + layout.num_action_tokens))
             if layout.has_proprio:
                 proprio_rows.append(start + layout.proprio_offset)
         embeds[to_device(torch.cat(action_rows), self.device)] = 0.0
         if proprio is not None:
             embeds[to_device(torch.tensor(proprio_rows), self.device)] = proprio
-        meta = self._metadata(batch)
-        hidden = decoder(embeds, meta, self.kv_caches, rope=self._rope.at(meta.positions))
-        rows = to_device(torch.stack(read_rows), self.device)  # [B, A*K]
-        return self.model.action_head(hidden[rows])
+        if self.oft_graphs is None:
+            passes = [OFTPass(0, batch.batch_size, 0, batch.num_tokens, size=None)]
+        else:
+            passes = self.oft_graphs.plan(batch.seq_lens.tolist())
+        head_offsets = [layout.head_offset for layout in layouts]
+        outputs = [self._run_pass(p, batch, embeds, head_offsets) for p in passes]
+        return outputs[0] if len(outputs) == 1 else torch.cat(outputs)
+
+    def _run_pass(
+        self, p: OFTPass, batch: ForwardBatch, embeds: torch.Tensor, head_offsets: list[int]
+    ) -> torch.Tensor:
+        """The head's output for pass ``p`` of the batch: at its prepared size on the padded
+        path, else (no size) the plain eager pass over its whole sequences."""
+        if p.size is not None:
+            return self.oft_graphs.run_pass(
+                p,
+                embeds=embeds,
+                seq_lens=batch.seq_lens.tolist(),
+                out_cache_loc=batch.out_cache_loc,
+                req_pool_indices=batch.req_pool_indices,
+                head_offsets=head_offsets,
+            )
+        self._padding['oft'].add_eager(p.num_tokens)
+        seq_lens = batch.seq_lens[p.requests]
+        meta = self._metadata(
+            batch.req_pool_indices[p.requests], seq_lens, batch.out_cache_loc[p.tokens]
+        )
+        hidden = self.model.vla.decoder(
+            embeds[p.tokens], meta, self.kv_caches, rope=self._rope.at(meta.positions)
+        )
+        first_rows = torch.cumsum(seq_lens, 0) - seq_lens + torch.tensor(head_offsets[p.requests])
+        rows = first_rows[:, None] + torch.arange(self.model.spec.settings.num_action_tokens)
+        return self.model.action_head(hidden[to_device(rows, self.device)])  # [B, A*K] rows
 
     def _proprio_tokens(
         self, batch: ForwardBatch, states: Sequence[np.ndarray | None]
@@ -277,7 +352,7 @@ class ParallelActionRunner:
                 except ValueError as exc:
                     raise ValueError(f'request {rid}, image {key}: {exc}') from None
         if pending:
-            encoded = vla.encode_images(torch.stack(list(pending.values())))
+            encoded = self._encode(torch.stack(list(pending.values())))
             for key, rows in zip(pending, encoded, strict=True):
                 features[key] = rows
                 self.feature_cache.put(key, rows)
@@ -286,25 +361,33 @@ class ParallelActionRunner:
                 row = start + image.token_offset
                 embeds[row : row + image.num_tokens] = features[image.content_hash]
 
-    def _metadata(self, batch: ForwardBatch) -> AttentionMetadata:
-        """Extend metadata with each request's span over its whole sequence."""
+    def _encode(self, pixels: torch.Tensor) -> torch.Tensor:
+        if self.vision_graphs is not None:
+            return self.vision_graphs.encode(pixels)
+        self._padding['vision'].add_eager(int(pixels.shape[0]))
+        return self.model.vla.encode_images(pixels)
+
+    def _metadata(
+        self, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor, out_cache_loc: torch.Tensor
+    ) -> AttentionMetadata:
+        """Extend metadata of whole sequences, each request's span over all of it."""
         if self._reads_engine_table:
             table = self.req_to_token
         else:
-            rows = batch.req_pool_indices
-            snapshot = self.req_to_token.index_select(0, rows).to(torch.int32)
-            self._req_to_token_dev[to_device(rows, self.device)] = to_device(snapshot, self.device)
+            snapshot = self.req_to_token.index_select(0, req_pool_indices).to(torch.int32)
+            rows = to_device(req_pool_indices, self.device)
+            self._req_to_token_dev[rows] = to_device(snapshot, self.device)
             table = self._req_to_token_dev
-        spans = torch.stack([torch.zeros_like(batch.seq_lens), batch.seq_lens], dim=1)
+        prefix_lens = torch.zeros_like(seq_lens)
         return AttentionMetadata.build(
             is_decode=False,
             req_to_token=table,
-            req_pool_indices=batch.req_pool_indices,
-            prefix_lens=batch.prefix_lens,
-            extend_lens=batch.extend_lens,
-            out_cache_loc=batch.out_cache_loc,
+            req_pool_indices=req_pool_indices,
+            prefix_lens=prefix_lens,
+            extend_lens=seq_lens,
+            out_cache_loc=out_cache_loc,
             device=self.device,
             backend=self.backend,
-            image_spans=spans,
+            image_spans=torch.stack([prefix_lens, seq_lens], dim=1),
             check_values=False,  # check_batch checked every slot, row and length
         )

@@ -8,7 +8,7 @@ their own, reserved past the engine's.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -124,16 +124,25 @@ def build_padded_paths(
                 padding=counters['prefill'],
             )
 
-        prefill = _captured_or_eager(config, build_prefill, 'prefill')
-    vision = _vision_path(model, config, counters['vision'])
+        prefill = captured_or_eager(config.cuda_graphs, build_prefill, 'prefill')
+    vision = None
+    if config.cuda_graphs or config.padded_vision:
+        vision = vision_graphs_for(
+            model,
+            batch_sizes=config.vision_batch_sizes,
+            cuda_graphs=config.cuda_graphs,
+            padding=counters['vision'],
+        )
     return PaddedPaths(decode=decode, prefill=prefill, vision=vision)
 
 
-def _vision_path(
-    model: VLAModel, config: RunnerConfig, padding: PaddingCounter
+def vision_graphs_for(
+    model: VLAModel, *, batch_sizes: Sequence[int], cuda_graphs: bool, padding: PaddingCounter
 ) -> VisionGraphs | None:
+    """The vision encoder's padded path (captured with ``cuda_graphs``), or None for a
+    model without towers or an encoder that cannot be captured (it runs eagerly)."""
     vision = model.vision
-    if vision is None or not (config.cuda_graphs or config.padded_vision):
+    if vision is None:
         return None
     prep = model.spec.preprocessing
     shape = (len(prep.mean), prep.image_size, prep.image_size)
@@ -142,22 +151,22 @@ def _vision_path(
         return VisionGraphs(
             vision,
             pixel_shape=shape,
-            batch_sizes=config.vision_batch_sizes,
+            batch_sizes=batch_sizes,
             device=model.device,
             output_dtype=model.dtype,
             capture=capture,
             padding=padding,
         )
 
-    return _captured_or_eager(config, build, 'vision encoder')
+    return captured_or_eager(cuda_graphs, build, 'vision encoder')
 
 
-def _captured_or_eager(
-    config: RunnerConfig, build: Callable[[bool], _Padded], what: str
+def captured_or_eager(
+    cuda_graphs: bool, build: Callable[[bool], _Padded], what: str
 ) -> _Padded | None:
     """The padded path, captured when ``cuda_graphs`` is on; None (eager) when an op of
     ``what`` cannot be captured."""
-    if not config.cuda_graphs:
+    if not cuda_graphs:
         return build(False)
     try:
         return build(True)

@@ -1,10 +1,11 @@
 """What the runner's padded paths ran: real and padding work, and the steps that ran eagerly.
 
 Each path counts in its own unit: decode in request rows, prefill in tokens, the vision
-encoder in images. A padded run computes its prepared size; the units past the real ones
-are padding, computed and thrown away. ``ModelRunner.padding_stats()`` gives one
-``PaddingStats`` per path; a benchmark takes one before and one after its measured part and
-reads ``after.since(before)``.
+encoder in images; an OpenVLA-OFT pass (``ParallelActionRunner``: the decoder and head
+over whole sequences) in tokens, as ``oft``. A padded run computes its prepared size; the
+units past the real ones are padding, computed and thrown away. ``ModelRunner.padding_stats()``
+and ``ParallelActionRunner.padding_stats()`` give one ``PaddingStats`` per path; a benchmark
+takes one before and one after its measured part and reads ``after.since(before)``.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 PATH_UNITS = {'decode': 'request rows', 'prefill': 'tokens', 'vision': 'images'}
+OFT_PATH_UNITS = {'oft': 'tokens', 'vision': 'images'}
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,7 +27,8 @@ class PaddingStats:
         num_padding: Padding units in those runs.
         num_eager_runs: Steps of this kind that ran the plain eager forward instead (the
             path is off, or cannot take them: a decode step on no padded path, a prefill
-            with bidirectional image spans, ``forward_logits`` of a decode step).
+            with bidirectional image spans, ``forward_logits`` of a decode step, an OFT
+            pass without the padded path).
         num_eager: Units in those steps.
     """
 
