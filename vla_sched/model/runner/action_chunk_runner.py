@@ -271,16 +271,26 @@ class ParallelActionRunner:
         embeds[to_device(torch.cat(action_rows), self.device)] = 0.0
         if proprio is not None:
             embeds[to_device(torch.tensor(proprio_rows), self.device)] = proprio
+        seq_lens = batch.seq_lens.tolist()
         if self.oft_graphs is None:
             passes = [OFTPass(0, batch.batch_size, 0, batch.num_tokens, size=None)]
         else:
-            passes = self.oft_graphs.plan(batch.seq_lens.tolist())
+            passes = self.oft_graphs.plan(seq_lens)
         head_offsets = [layout.head_offset for layout in layouts]
-        outputs = [self._run_pass(p, batch, embeds, head_offsets) for p in passes]
+        outputs = [
+            self._run_pass(p, batch, embeds, seq_lens=seq_lens, head_offsets=head_offsets)
+            for p in passes
+        ]
         return outputs[0] if len(outputs) == 1 else torch.cat(outputs)
 
     def _run_pass(
-        self, p: OFTPass, batch: ForwardBatch, embeds: torch.Tensor, head_offsets: list[int]
+        self,
+        p: OFTPass,
+        batch: ForwardBatch,
+        embeds: torch.Tensor,
+        *,
+        seq_lens: list[int],
+        head_offsets: list[int],
     ) -> torch.Tensor:
         """The head's output for pass ``p`` of the batch: at its prepared size on the padded
         path, else (no size) the plain eager pass over its whole sequences."""
@@ -288,20 +298,20 @@ class ParallelActionRunner:
             return self.oft_graphs.run_pass(
                 p,
                 embeds=embeds,
-                seq_lens=batch.seq_lens.tolist(),
+                seq_lens=seq_lens,
                 out_cache_loc=batch.out_cache_loc,
                 req_pool_indices=batch.req_pool_indices,
                 head_offsets=head_offsets,
             )
         self._padding['oft'].add_eager(p.num_tokens)
-        seq_lens = batch.seq_lens[p.requests]
+        lens = torch.tensor(seq_lens[p.requests], dtype=torch.int64)
         meta = self._metadata(
-            batch.req_pool_indices[p.requests], seq_lens, batch.out_cache_loc[p.tokens]
+            batch.req_pool_indices[p.requests], lens, batch.out_cache_loc[p.tokens]
         )
         hidden = self.model.vla.decoder(
             embeds[p.tokens], meta, self.kv_caches, rope=self._rope.at(meta.positions)
         )
-        first_rows = torch.cumsum(seq_lens, 0) - seq_lens + torch.tensor(head_offsets[p.requests])
+        first_rows = torch.cumsum(lens, 0) - lens + torch.tensor(head_offsets[p.requests])
         rows = first_rows[:, None] + torch.arange(self.model.spec.settings.num_action_tokens)
         return self.model.action_head(hidden[to_device(rows, self.device)])  # [B, A*K] rows
 
