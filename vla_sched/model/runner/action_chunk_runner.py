@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from vla_sched.core.forward_batch import ForwardBatch, ForwardMode, ForwardOutput
-from vla_sched.model.config.openvla_oft import OFT_STOP_TOKEN_ID
+from vla_sched.model.config.openvla_oft import OFT_STOP_TOKEN_ID, NormalizationBounds
 from vla_sched.model.layers.attention import AttentionMetadata
 from vla_sched.model.layers.decoder import KVCache
 from vla_sched.model.layers.transfer import to_device
@@ -39,8 +39,40 @@ from vla_sched.model.runner.step_inputs import check_batch
 from vla_sched.model.runner.vision_graphs import VisionGraphs
 
 
+class LaunchedActions:
+    """A launched OFT step (``ResultHandle``): the head's output on its way to the host;
+    ``result()`` waits for the device if needed and un-normalizes the chunks.
+
+    Args:
+        normalized: The head's output ``[B, chunk_len, action_dim]`` (on the device).
+        bounds: The dataset's action bounds.
+    """
+
+    def __init__(self, normalized: torch.Tensor, bounds: NormalizationBounds) -> None:
+        self._bounds = bounds
+        self._event: torch.cuda.Event | None = None
+        self._output: ForwardOutput | None = None
+        if normalized.device.type == 'cuda':
+            self._host = torch.empty(normalized.shape, dtype=torch.float32, pin_memory=True)
+            self._host.copy_(normalized.float(), non_blocking=True)
+            self._event = torch.cuda.Event()
+            self._event.record()
+        else:
+            self._host = normalized.float()
+
+    def result(self) -> ForwardOutput:
+        if self._output is None:
+            if self._event is not None:
+                self._event.synchronize()
+            actions = self._bounds.unnormalize(self._host.numpy()).astype(np.float32)
+            self._output = ForwardOutput(
+                next_token_ids=(-1,) * actions.shape[0], action_chunks=tuple(actions)
+            )
+        return self._output
+
+
 class FinishedActions:
-    """A step whose action chunks are already on the host (``ResultHandle``)."""
+    """A step with nothing to run (``ResultHandle``)."""
 
     def __init__(self, output: ForwardOutput) -> None:
         self._output = output
@@ -148,11 +180,14 @@ class ParallelActionRunner:
         """``(chunk_len, action_dim)`` of one request's result."""
         return self.model.spec.chunk_len, self.model.spec.action_dim
 
-    def launch(self, batch: ForwardBatch) -> FinishedActions:
+    def launch(self, batch: ForwardBatch) -> LaunchedActions | FinishedActions:
         """Run a prefill-only batch (``batch.proprio``: each request's state, or empty when
-        the settings use none) and return its chunks as ``ForwardOutput.action_chunks``.
+        the settings use none); its handle's ``result()`` gives the chunks as
+        ``ForwardOutput.action_chunks``.
 
-        The chunks are copied to the host before this returns (the call is synchronous).
+        On a GPU this returns once the pass is queued (the chunks are copied back on the
+        side and ``result()`` waits for them), so the overlap loop processes the previous
+        pass's results while this one runs; elsewhere the pass has run when it returns.
 
         Raises:
             ValueError, IndexError: for a batch that is not prefill-only, or naming the
@@ -164,10 +199,8 @@ class ParallelActionRunner:
         if not batch.prefill_only:
             raise ValueError('an OFT model runs prefill-only batches (one whole pass per step)')
         states = batch.proprio if batch.proprio else (None,) * num_reqs
-        actions = self.forward_actions(batch, states=states)
-        return FinishedActions(
-            ForwardOutput(next_token_ids=(-1,) * num_reqs, action_chunks=tuple(actions))
-        )
+        normalized = self.forward_normalized(batch, states=states)
+        return LaunchedActions(normalized, self.model.spec.selected_action_bounds)
 
     def layouts(self, batch: ForwardBatch) -> list[OFTSequence]:
         """Each request's sequence layout, checked against its ids and images.
