@@ -131,6 +131,8 @@ class DecodeGraphs(GraphRunner):
                     num_kv_heads=spec.num_kv_heads,
                     max_kv_splits=self.max_kv_splits,
                     num_sms=device_num_sms(self.device),
+                    head_dim=spec.head_dim,
+                    itemsize=self.model.dtype.itemsize,
                 )
             )
         ones = torch.ones_like(seq_lens)
