@@ -157,7 +157,8 @@ def _extend_variants():
     from vla_sched.kernels.attention_configs import extend_alternatives, extend_config
 
     variants = [(64, 4, True, 'bf16'), (128, 1, False, 'bf16'), (128, 4, True, 'bf16')]
-    variants += [(80, 4, True, 'fp16'), (128, 4, True, 'fp32')]
+    # openvla-7b's OFT pass: one head per KV head, every request's span over its sequence.
+    variants += [(128, 1, True, 'bf16'), (80, 4, True, 'fp16'), (128, 4, True, 'fp32')]
     configs = [
         (
             f'd={d} group={group} spans={spans}',
