@@ -1,7 +1,7 @@
 """The prepared GPU run: correctness first, then measurements, in one bounded command.
 
     bash bench/gpu_check.sh OUT                        # on the GPU machine, under 9 minutes
-    python -m bench.gpu_check --out OUT [--budget-s 495] [--workdir DIR] [--parts NAME ...]
+    python -m bench.gpu_check --out OUT [--budget-s 510] [--workdir DIR] [--parts NAME ...]
     python -m bench.gpu_check --out OUT --dry-run      # the same parts, tiny, on the CPU
 
 Each part runs in its own process under its own time limit (``isolation``), so a hang or a
@@ -19,7 +19,7 @@ and the targets it gives are read from it and marked as from a partial part. The
 rclpy, ZMQ, cv_bridge, cv2 or PIL: they run with those hidden, as on a bare machine with
 only Python, torch, triton, transformers and numpy.
 
-Parts, in order, one module each (limits at ``--budget-s 495``, scaled with it; H200 seconds
+Parts, in order, one module each (limits at ``--budget-s 510``, scaled with it; H200 seconds
 from runs A and B where they ran):
 
 ============ ======= ========= ================================================================
@@ -51,11 +51,15 @@ serving      120     49 (*)    the capacity at 10 Hz by the one capacity rule
                                with separate prefill and decode passes and on one with mixed
                                passes (``bench.engine_paced``); the robot count the matmul rate
                                allows, one robot's step against the floor
-oft          45      -         OpenVLA-OFT on the folder (linked, with a random head of
+oft          60      -         OpenVLA-OFT on the folder (linked, with a random head of
                                151 M parameters; the LIBERO preset: 2 cameras, chunks of 8),
-                               bf16, eager: one robot's pass and 16 robots' pass against their
-                               floors, the capacity at 10 Hz of chunks on the engine core by
-                               the one capacity rule (bisection up to the FLOP ceiling)
+                               bf16, as served: its passes captured as CUDA graphs, checked
+                               against the eager pass on the same batch; one robot's step and
+                               16 robots' replayed from the graphs against their floors (with
+                               their padding), one robot's eager step beside them; the
+                               capacity at 10 Hz of chunks on the engine core (with its
+                               graphs) by the one capacity rule (bisection up to the FLOP
+                               ceiling)
 scheduler    45      35        scheduler host time per decode step, null and 7B runner,
                                overlap on and off (``bench.scheduler_cost``)
 ============ ======= ========= ================================================================

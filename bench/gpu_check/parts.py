@@ -19,7 +19,7 @@ class Part:
     needs_checkpoint: bool = False
 
 
-DEFAULT_BUDGET_S = 495.0
+DEFAULT_BUDGET_S = 510.0
 PARTS = (
     Part('environment', 15),
     Part('kernels', 75),  # bench.gpu_kernels sweeps launch configs until 55 s in
@@ -28,7 +28,7 @@ PARTS = (
     Part('profile', 40),
     Part('engine_core', 40, needs_checkpoint=True),
     Part('serving', 120, needs_checkpoint=True),
-    Part('oft', 45, needs_checkpoint=True),
+    Part('oft', 60, needs_checkpoint=True),
     Part('scheduler', 45, needs_checkpoint=True),
 )
 PART_NAMES = tuple(p.name for p in PARTS)

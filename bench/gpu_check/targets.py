@@ -156,22 +156,23 @@ def serving_targets(serving: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def oft_rows(oft: dict[str, Any]) -> list[dict[str, Any]]:
-    """OpenVLA-OFT's step of 1 and of N robots in one pass against their floors, and its
-    capacity at 10 Hz of chunks against the FLOP ceiling (the ``oft`` part): information
-    rows, no target."""
+    """OpenVLA-OFT's step of 1 and of N robots in one batch (the padded passes, replayed
+    from CUDA graphs on a GPU) against their floors, and its capacity at 10 Hz of chunks
+    against the FLOP ceiling (the ``oft`` part): information rows, no target."""
     steps = {s['robots']: s for s in oft.get('steps', [])}
     largest = max((n for n in steps if n > 1), default=None)
     n = largest or 16
     cameras, chunk = oft.get('num_images', 2), oft.get('chunk_len', 8)
+    path = 'CUDA graphs' if oft.get('cuda_graphs') else 'no graphs'
     rows = []
     for key, count, measure in (
         ('oft_step_1', 1, "one robot's step"),
-        ('oft_step_batch', largest, f'{n} robots in one pass'),
+        ('oft_step_batch', largest, f'{n} robots in one batch'),
     ):
         step = steps.get(count, {})
         floor = step.get('floor', {}).get('pass_ms')
         rows.append(_row(
-            key, f'OpenVLA-OFT: {measure} ({cameras} cameras, chunk {chunk}, one pass, eager)',
+            key, f'OpenVLA-OFT: {measure} ({cameras} cameras, chunk {chunk}, {path})',
             step.get('pass_ms'), floor=floor, unit='ms', wanted=None, met=None,
             over_floor=_ratio(step.get('pass_ms'), floor),
         ))  # fmt: skip

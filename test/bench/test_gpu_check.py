@@ -132,11 +132,38 @@ def test_dry_run_records_the_numbers_each_part_must_produce(dry_run):
 
 
 def _check_oft(oft: dict, env: dict) -> None:
-    """The oft part's data: the libero preset's passes of 1 and 2 robots against their
+    """The oft part's data: the libero preset's padded passes (no graphs on the CPU) checked
+    against the eager pass, then 1 and 2 robots on them and one robot eager against their
     floors at the environment's rates, and the capacity bisection of its chunks."""
-    assert (oft['num_images'], oft['chunk_len'], oft['cuda_graphs']) == (2, 8, False)
+    assert (oft['num_images'], oft['chunk_len'], oft['seq_len']) == (2, 8, 590)
+    assert oft['cuda_graphs'] is False and oft['core_cuda_graphs'] is False
+    # The engine's prepared sizes: 1, 2, 4 and 8 robots of 571 + 48 positions, in 64s.
+    assert oft['pass_sizes'] == [[1, 640], [2, 1280], [4, 2496], [8, 4992]]
+    assert oft['capture_s'] >= 0
+    check = oft['check']
+    assert [r['robots'] for r in check['rows']] == [1, 2] and check['passed']
+    assert all(r['max_relative_error'] <= check['tolerance'] == 1e-4 for r in check['rows'])
     assert [s['robots'] for s in oft['steps']] == [1, 2]
-    for step in oft['steps']:
+    assert [s['pass_robots'] for s in oft['steps']] == [[1], [2]]
+    for step, size in zip(oft['steps'], (640, 1280), strict=True):
+        assert step['path'] == 'padded'
+        # Each timed call (2) one pass at its size; both cameras of every robot in one
+        # encoder run at a prepared size.
+        num_real = 2 * step['robots'] * oft['seq_len']
+        assert step['padding']['oft'] == {
+            'num_padded_runs': 2, 'num_real': num_real, 'num_padding': 2 * size - num_real,
+            'num_eager_runs': 0, 'num_eager': 0,
+            'padding_share': pytest.approx(1 - num_real / (2 * size)),
+        }  # fmt: skip
+        vision = step['padding']['vision']
+        assert (vision['num_padded_runs'], vision['num_real']) == (2, 4 * step['robots'])
+        assert vision['num_eager_runs'] == 0
+    eager = oft['eager_step']
+    assert (eager['robots'], eager['path'], eager['chunk_shape']) == (1, 'eager', [8, 7])
+    assert eager['padding']['oft']['num_padded_runs'] == 0
+    assert eager['padding']['oft']['num_eager_runs'] == 2
+    assert eager['over_graphs'] == pytest.approx(eager['pass_ms'] / oft['steps'][0]['pass_ms'])
+    for step in (*oft['steps'], eager):
         assert step['pass_ms'] > 0 and step['chunk_shape'] == [8, 7]
         floor = step['floor']
         assert floor['num_robots'] == step['robots']
@@ -158,6 +185,9 @@ def _check_oft(oft: dict, env: dict) -> None:
     assert capacity['capacity'] == max(served, default=0)
     for point in points:  # a chunk of 8 actions per robot per period
         assert point['target_actions_per_s'] == 8 * point['num_robots'] / capacity['period_s']
+    # The engine core on the CPU runs its plain eager pass: one per batch it ran.
+    core_oft = capacity['padding']['oft']
+    assert core_oft['num_padded_runs'] == 0 and core_oft['num_eager_runs'] > 0
 
 
 def test_dry_run_profiles_each_step_as_a_table_of_its_ops_longest_first(dry_run):

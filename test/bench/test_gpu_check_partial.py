@@ -32,7 +32,7 @@ def test_a_context_without_a_partial_file_saves_nothing(tmp_path, monkeypatch):
 
 
 def _results(entry: dict) -> dict:
-    return {'started': 'now', 'dry_run': True, 'budget_s': 495.0, 'parts': {'serving': entry}}
+    return {'started': 'now', 'dry_run': True, 'budget_s': 510.0, 'parts': {'serving': entry}}
 
 
 def test_a_partial_its_section_cannot_render_is_named_and_the_report_is_still_written(tmp_path):
