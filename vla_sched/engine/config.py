@@ -54,7 +54,8 @@ class EngineConfig:
     decode-only passes follow each prefill, so a new image cannot stall robots mid-decode
     for more than one prefill at a time (0: SGLang's prefill-first). ``cpu_threads`` is
     torch's thread count when the model runs on the CPU (small models run fastest on one).
-    ``cuda_graphs`` captures decode, prefill and the vision encoder as CUDA graphs (GPU
+    ``cuda_graphs`` captures decode, prefill and the vision encoder as CUDA graphs, and for
+    an OpenVLA-OFT checkpoint its passes (decoder and action head) and vision encoder (GPU
     only; ignored on the CPU).
     ``unnorm_key`` names the dataset whose statistics un-normalize the actions; it may stay
     empty only for a checkpoint with one dataset (or one that names its own).
@@ -139,7 +140,8 @@ class EngineConfig:
     )
     cuda_graphs: bool = setting(
         True,
-        'capture decode, prefill and the vision encoder as CUDA graphs (GPU only)',
+        'capture decode, prefill and the vision encoder as CUDA graphs, and an '
+        "OpenVLA-OFT checkpoint's passes (GPU only)",
         group='engine',
     )
     policy: str = setting(
