@@ -14,6 +14,9 @@ import triton
 import triton.language as tl
 
 HALF_ELEMENTS_PER_PROGRAM = 1024  # heads x half head_dim per program: 2048 values rotated
+# Built without fp fusion: an fma would skip the rounding of the second product to the
+# activation dtype, where torch rounds it (the sm_90 build check builds it the same way).
+ROTARY_BUILD_OPTIONS = {'enable_fp_fusion': False}
 
 
 @triton.jit
@@ -81,5 +84,5 @@ def launch_rotary_embedding(
         BLOCK_H=block_h,
         BLOCK_HALF=block_half,
         num_warps=4,
-        enable_fp_fusion=False,  # an fma would skip the rounding of the second product
+        **ROTARY_BUILD_OPTIONS,
     )

@@ -78,11 +78,20 @@ def resident_programs(*, registers: int, shared_bytes: int, num_warps: int) -> i
     return min(by_registers, by_shared, SM90_MAX_BLOCKS)
 
 
-def compile_sm90(label: str, fn, constexprs: dict, dtype: str, num_warps: int, num_stages: int):
-    """Compiles one variant and returns its ptxas resource usage."""
+def compile_sm90(
+    label: str,
+    fn,
+    constexprs: dict,
+    dtype: str,
+    num_warps: int,
+    num_stages: int,
+    build_options: dict | None = None,
+):
+    """Compiles one variant (with the launcher's extra build options, if any) and returns
+    its ptxas resource usage."""
     signature, constants, attrs = _signature(fn, constexprs, dtype)
     source = ASTSource(fn=fn, signature=signature, constexprs=constants, attrs=attrs)
-    options = dict(num_warps=num_warps, num_stages=num_stages)
+    options = dict(num_warps=num_warps, num_stages=num_stages, **(build_options or {}))
     kernel = triton_compile(source, target=GPUTarget('cuda', 90, 32), options=options)
     tool = Path(triton.__file__).parent / 'backends' / 'nvidia' / 'bin' / 'cuobjdump'
     with tempfile.TemporaryDirectory() as tmp:
@@ -229,7 +238,8 @@ def _decoder_variants():
             NUM_HEADS=num_heads, HALF_DIM=head_dim // 2, BLOCK_H=block_h, BLOCK_HALF=block_half
         )
         label = f'rotary heads={num_heads} d={head_dim}'
-        yield (label, _rotary_jit._rotary_kernel, constexprs, dtype, 4, 1), None
+        kernel, options = _rotary_jit._rotary_kernel, _rotary_jit.ROTARY_BUILD_OPTIONS
+        yield (label, kernel, constexprs, dtype, 4, 1, options), None
 
 
 def main() -> int:
