@@ -12,7 +12,7 @@ PIL).
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -348,6 +348,41 @@ class FeatureCache:
         self._entries.move_to_end(content_hash)
         while len(self._entries) > self.max_entries:
             self._entries.popitem(last=False)
+
+    def features_of(
+        self,
+        images: Iterable[tuple[str, int, np.ndarray]],
+        *,
+        preprocessing: ImagePreprocessing,
+        device: torch.device,
+        encode: Callable[[torch.Tensor], torch.Tensor],
+    ) -> dict[int, torch.Tensor]:
+        """Projected features per content hash of ``images`` (``(rid, content_hash,
+        pixels)``): cached ones looked up, the others preprocessed and encoded in one
+        ``encode`` call (``[N, C, S, S]`` pixels -> ``[N, tokens, hidden]``) and cached.
+
+        Raises:
+            ValueError: naming the request and image whose pixels cannot be preprocessed.
+        """
+        features: dict[int, torch.Tensor] = {}
+        pending: dict[int, torch.Tensor] = {}
+        for rid, content_hash, pixels in images:
+            if content_hash in features or content_hash in pending:
+                continue
+            cached = self.get(content_hash)
+            if cached is not None:
+                features[content_hash] = cached
+                continue
+            try:
+                pending[content_hash] = preprocess_image(pixels, preprocessing, device=device)
+            except ValueError as exc:
+                raise ValueError(f'request {rid}, image {content_hash}: {exc}') from None
+        if pending:
+            encoded = encode(torch.stack(list(pending.values())))
+            for content_hash, rows in zip(pending, encoded, strict=True):
+                features[content_hash] = rows
+                self.put(content_hash, rows)
+        return features
 
     def put_many(self, items: Mapping[int, torch.Tensor]) -> None:
         for content_hash, features in items.items():

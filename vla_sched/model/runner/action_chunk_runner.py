@@ -29,7 +29,7 @@ from vla_sched.model.config.openvla_oft import OFT_STOP_TOKEN_ID, NormalizationB
 from vla_sched.model.layers.attention import AttentionMetadata
 from vla_sched.model.layers.decoder import KVCache
 from vla_sched.model.layers.transfer import to_device
-from vla_sched.model.layers.vision import FeatureCache, preprocess_image
+from vla_sched.model.layers.vision import FeatureCache
 from vla_sched.model.loading.oft_model import OFTModel
 from vla_sched.model.prompting.oft_prompt import OFTSequence
 from vla_sched.model.runner.oft_graphs import NUM_OFT_PADDING_SLOTS, OFTGraphs, build_oft_paths
@@ -376,29 +376,16 @@ class ParallelActionRunner:
 
     def _place_images(self, batch: ForwardBatch, embeds: torch.Tensor, starts: list[int]) -> None:
         """Write every image's projected patches over its placeholder rows."""
-        vla = self.model.vla
-        features: dict[int, torch.Tensor] = {}
-        pending: dict[int, torch.Tensor] = {}
-        for rid, images in zip(batch.rids, batch.images, strict=True):
-            for image in images:
-                key = image.content_hash
-                if key in features or key in pending:
-                    continue
-                cached = self.feature_cache.get(key)
-                if cached is not None:
-                    features[key] = cached
-                    continue
-                try:
-                    pending[key] = preprocess_image(
-                        image.pixels, vla.spec.preprocessing, device=self.device
-                    )
-                except ValueError as exc:
-                    raise ValueError(f'request {rid}, image {key}: {exc}') from None
-        if pending:
-            encoded = self._encode(torch.stack(list(pending.values())))
-            for key, rows in zip(pending, encoded, strict=True):
-                features[key] = rows
-                self.feature_cache.put(key, rows)
+        features = self.feature_cache.features_of(
+            (
+                (rid, image.content_hash, image.pixels)
+                for rid, images in zip(batch.rids, batch.images, strict=True)
+                for image in images
+            ),
+            preprocessing=self.model.vla.spec.preprocessing,
+            device=self.device,
+            encode=self._encode,
+        )
         for start, images in zip(starts, batch.images, strict=True):
             for image in images:
                 row = start + image.token_offset

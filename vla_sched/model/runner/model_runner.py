@@ -32,7 +32,7 @@ from vla_sched.core.forward_batch import (
 from vla_sched.model.layers.attention import AttentionMetadata
 from vla_sched.model.layers.sampling import check_sampling_params, sample_next_tokens
 from vla_sched.model.layers.transfer import to_device
-from vla_sched.model.layers.vision import FeatureCache, preprocess_image
+from vla_sched.model.layers.vision import FeatureCache
 from vla_sched.model.loading.vla_model import VLAModel
 from vla_sched.model.runner.config import RunnerConfig
 from vla_sched.model.runner.padded_paths import PaddingSlots, build_padded_paths
@@ -326,28 +326,12 @@ class ModelRunner:
 
     def _image_features(self, images: Sequence[ImageRows]) -> dict[int, torch.Tensor]:
         """Projected features per content hash, encoding the images not yet cached."""
-        features: dict[int, torch.Tensor] = {}
-        pending: dict[int, torch.Tensor] = {}
-        prep = self.model.spec.preprocessing
-        for r in images:
-            content_hash = r.image.content_hash
-            if content_hash in features or content_hash in pending:
-                continue
-            cached = self.feature_cache.get(content_hash)
-            if cached is not None:
-                features[content_hash] = cached
-                continue
-            try:
-                pending[content_hash] = preprocess_image(r.image.pixels, prep, device=self.device)
-            except ValueError as exc:
-                raise ValueError(f'request {r.rid}, image {content_hash}: {exc}') from None
-        if pending:
-            pixels = torch.stack(list(pending.values()))
-            encoded = self._encode(pixels)
-            for content_hash, rows in zip(pending, encoded, strict=True):
-                features[content_hash] = rows
-                self.feature_cache.put(content_hash, rows)
-        return features
+        return self.feature_cache.features_of(
+            ((r.rid, r.image.content_hash, r.image.pixels) for r in images),
+            preprocessing=self.model.spec.preprocessing,
+            device=self.device,
+            encode=self._encode,
+        )
 
     def _encode(self, pixels: torch.Tensor) -> torch.Tensor:
         if self.vision_graphs is not None:
