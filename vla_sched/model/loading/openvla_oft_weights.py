@@ -1,9 +1,12 @@
-"""OpenVLA-OFT's component files: read without pickle, names and shapes checked.
+"""OpenVLA-OFT's component files: read tensors-only, names and shapes checked.
 
 ``action_head--*checkpoint.pt`` and ``proprio_projector--*checkpoint.pt`` are torch
 ``state_dict`` files saved from DDP-wrapped modules, so every key starts with ``module.``.
-They are read with ``torch.load(..., weights_only=True)`` (tensors and plain containers
-only, never arbitrary pickled objects), the prefix is stripped, and every name and shape is
+Upstream publishes them only in torch's zip format, whose index is a pickle: they are the
+one place the model reads such a file, and only through torch's restricted loader
+(``torch.load(..., weights_only=True)``: tensors and plain containers, never an arbitrary
+object or code; a file holding anything else is refused with ``CheckpointError``). Every
+other weight is read from safetensors. The prefix is stripped, and every name and shape is
 checked against the settings before anything is loaded; a disagreement names the file, the
 tensor and the setting.
 """
@@ -36,6 +39,7 @@ def load_component_state(path: Path) -> dict[str, torch.Tensor]:
         raise CheckpointError(f'missing {path.name} in {path.parent}')
     try:
         loaded = torch.load(path, map_location='cpu', weights_only=True)
+    # weights_only refuses other objects with pickle's UnpicklingError
     except (pickle.UnpicklingError, RuntimeError, EOFError, zipfile.BadZipFile) as exc:
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise CheckpointError(
