@@ -22,10 +22,11 @@ from trajectory_controller_rules import controller_refusal
 from trajectory_msgs.msg import JointTrajectory
 
 from vla_sched.msg import ActionChunk
+from vla_sched.ros.chunk_checks import ChunkRefusedError, chunk_from_message
 from vla_sched.ros.chunk_executor import Chunk, ChunkExecutor, Command
 from vla_sched.ros.chunk_executor_config import ChunkExecutorConfig
 from vla_sched.ros.chunk_executor_node import (
-    chunk_from_message,
+    chunk_rules,
     executor_status,
     trajectory_message,
 )
@@ -162,14 +163,17 @@ def test_the_analyzers_claim_each_executors_status_once_in_a_row_of_its_own():
 
 
 def test_a_message_becomes_a_chunk_with_its_dt_read_to_the_microsecond():
-    chunk = chunk_from_message(_chunk(7, 5 * DT_NS, 1.0, budget_ns=DT_NS))
+    rules = chunk_rules(ChunkExecutorConfig())
+    chunk = chunk_from_message(_chunk(7, 5 * DT_NS, 1.0, budget_ns=DT_NS), rules)
     assert chunk.dt_ns == DT_NS  # float32 0.2 s is 0.2000000030 s
     assert (chunk.stamp_ns, chunk.deadline_ns, chunk.horizon) == (5 * DT_NS, 6 * DT_NS, HORIZON)
     np.testing.assert_array_equal(chunk.actions[1], [4.0, 5.0, 6.0])
     broken = _chunk(8, 0, 1.0, budget_ns=DT_NS)
     broken.horizon = HORIZON + 1
-    with pytest.raises(ValueError, match='action values for horizon 5 x 3'):
-        chunk_from_message(broken)
+    with pytest.raises(
+        ChunkRefusedError, match='12 action values and 3 joint names for horizon 5'
+    ):
+        chunk_from_message(broken, rules)
 
 
 def test_the_trajectory_is_stamped_at_the_tick_or_zero_with_the_same_points():
@@ -214,3 +218,89 @@ def test_the_status_is_stale_before_the_first_chunk_ok_while_playing_warn_while_
     holding = status(DT_NS)
     assert holding.level == 1 and holding.message.startswith('holding: no valid action left')
     assert dict(holding.values)['holds'] == '1'
+
+
+def _ee_chunk(seq: int, stamp_ns: int, *, dof: int, dt: float, space: str) -> ActionChunk:
+    names = ('x', 'y', 'z', 'roll', 'pitch', 'yaw', 'gripper', 'extra')[:dof]
+    msg = ActionChunk(robot_id=NAMESPACE, step_seq=seq, horizon=HORIZON, dof=dof)
+    msg.header.stamp = ns_to_stamp(stamp_ns)
+    msg.header.frame_id = 'tool'
+    msg.dt = dt
+    msg.actions = np.full(HORIZON * dof, 0.01, dtype=np.float32)
+    msg.joint_names = list(names)
+    msg.action_space = space
+    msg.deadline = ns_to_stamp(stamp_ns + 10 * DT_NS)
+    return msg
+
+
+@pytest.mark.ros
+def test_the_executor_outlives_chunks_it_once_died_on_and_says_what_it_cannot_play():
+    """In process, a twist executor started with ``-p blending:=off`` (YAML's false): chunks
+    with an infinite or huge dt, 3 or 0 columns, or stamped a minute ahead are skipped by
+    reason; the next good chunk plays; a joint_position chunk it cannot play is an ERROR."""
+    from geometry_msgs.msg import TwistStamped
+
+    from vla_sched.ros.chunk_executor_node import ChunkExecutorNode
+
+    context = rclpy.Context()
+    rclpy.init(args=[], context=context)
+    args = ['--ros-args', '-r', f'__ns:=/{NAMESPACE}', '-p', 'blending:=off']
+    args += ['-p', 'sink:=twist', '-p', 'diagnostics_period_s:=0.05']
+    executor_node = ChunkExecutorNode(context=context, cli_args=args)
+    robot = rclpy.create_node('stand_in_robot', context=context)
+    spinner = SingleThreadedExecutor(context=context)
+    spinner.add_node(executor_node)
+    spinner.add_node(robot)
+    twists, statuses = [], []
+    robot.create_subscription(
+        TwistStamped, f'/{NAMESPACE}/servo_node/delta_twist_cmds', twists.append, 10
+    )
+    robot.create_subscription(
+        DiagnosticArray, '/diagnostics', lambda a: statuses.extend(a.status), 10
+    )
+    chunks = robot.create_publisher(ActionChunk, f'/{NAMESPACE}/vla/action_chunk', 10)
+
+    def spin_until(predicate, timeout_s: float = 20.0) -> bool:
+        end = time.monotonic() + timeout_s
+        while not predicate() and time.monotonic() < end:
+            spinner.spin_once(timeout_sec=0.05)
+        return predicate()
+
+    def latest() -> dict[str, str]:
+        return {kv.key: kv.value for kv in statuses[-1].values} if statuses else {}
+
+    try:
+        assert executor_node.config.blending == 'off'
+        assert spin_until(lambda: chunks.get_subscription_count() > 0)
+        now = time.time_ns()
+        chunks.publish(_ee_chunk(1, now, dof=7, space='joint_position', dt=0.2))
+        assert spin_until(lambda: latest().get('state') == 'cannot play'), latest()
+        assert statuses[-1].level == bytes([2]) and 'plays only ee_delta' in statuses[-1].message
+        hostile = [
+            _ee_chunk(2, now, dof=7, space='ee_delta', dt=float('inf')),
+            _ee_chunk(3, now, dof=7, space='ee_delta', dt=3e38),
+            _ee_chunk(4, now, dof=3, space='ee_delta', dt=0.2),
+            _ee_chunk(5, now, dof=0, space='ee_delta', dt=0.2),
+            _ee_chunk(6, now + 60 * 10**9, dof=7, space='ee_delta', dt=0.2),
+        ]
+        for msg in hostile:  # one at a time: the subscription keeps only the newest
+            skipped = executor_node.executor_rules.counts.skipped
+            before = sum(skipped.values())
+            chunks.publish(msg)
+            assert spin_until(lambda: sum(skipped.values()) > before)  # noqa: B023
+        expected = {'bad_dt': '2', 'bad_columns': '1', 'bad_shape': '1', 'future_stamp': '1'}
+
+        def counted() -> bool:
+            values = latest()
+            return all(values.get(f'chunks skipped: {r}') == n for r, n in expected.items())
+
+        assert spin_until(counted), latest()
+        chunks.publish(_ee_chunk(7, time.time_ns(), dof=7, space='ee_delta', dt=0.2))
+        assert spin_until(lambda: twists), 'the good chunk after the bad ones was not played'
+        assert twists[0].twist.linear.x == pytest.approx(0.05, rel=1e-5)  # 0.01 per 0.2 s
+        assert spin_until(lambda: latest().get('state') in ('executing', 'holding'))
+    finally:
+        spinner.shutdown()
+        executor_node.destroy_node()
+        robot.destroy_node()
+        context.try_shutdown()

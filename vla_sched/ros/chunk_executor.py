@@ -6,8 +6,11 @@ and is reached at the end of its interval; a chunk is over at ``t + horizon * dt
 
 - Admission (``receive``): a chunk that arrives after its ``deadline`` (the latest time its
   first action may start) or with no action left is skipped, and so is one of an action
-  space the sink does not play, or one not newer than the newest kept chunk. A chunk whose
-  joint names or action space differ from the kept ones replaces them.
+  space the sink does not play, one stamped more than ``max_stamp_skew_ns`` ahead of the
+  clock (it would hold every later chunk back as out of order until its stamp), or one not
+  newer than the newest kept chunk. A chunk whose joint names or action space differ from
+  the kept ones replaces them. The message's own fields are checked before
+  (``chunk_checks``); what was skipped is counted by reason, the last one kept with why.
 - A tick (``tick``) plays the action that covers its time. ``blending`` ``off``: the newest
   chunk that covers it, alone; the older chunks are dropped, and those never played count as
   superseded. ``temporal_ensemble``: every kept chunk that covers it, blended as ACT's
@@ -29,10 +32,26 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from vla_sched.ros.text_bounds import MAX_VALUE_CHARS, bounded
+
 BLEND_OFF = 'off'
 BLEND_ENSEMBLE = 'temporal_ensemble'
-# Why a chunk was never played (the keys of ``ExecutorCounts.skipped``).
-SKIP_REASONS = ('past_deadline', 'superseded', 'action_space', 'out_of_order', 'malformed')
+# Why a chunk was never played (the keys of ``ExecutorCounts.skipped``); ``bad_dt``,
+# ``bad_shape``, ``bad_columns`` and ``non_finite`` are the message checks' (``chunk_checks``),
+# ``malformed`` a message that could not be read at all.
+SKIP_REASONS = (
+    'past_deadline',
+    'superseded',
+    'action_space',
+    'out_of_order',
+    'future_stamp',
+    'bad_dt',
+    'bad_shape',
+    'bad_columns',
+    'non_finite',
+    'malformed',
+)
+DEFAULT_MAX_STAMP_SKEW_NS = 1_000_000_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +121,7 @@ class ExecutorCounts:
     chunks_executed: int = 0  # chunks that gave at least one played action
     holds: int = 0  # times it stopped with nothing valid left, after playing something
     skipped: dict[str, int] = field(default_factory=lambda: dict.fromkeys(SKIP_REASONS, 0))
+    last_skip: tuple[str, str] | None = None  # (reason, detail) of the last chunk skipped
 
 
 def ensemble_weights(count: int, m: float) -> np.ndarray:
@@ -115,13 +135,22 @@ class ChunkExecutor:
     """The chunks kept for playing and the rules of the module docstring."""
 
     def __init__(
-        self, *, action_spaces: tuple[str, ...], blending: str, ensemble_m: float, lookahead: bool
+        self,
+        *,
+        action_spaces: tuple[str, ...],
+        blending: str,
+        ensemble_m: float,
+        lookahead: bool,
+        max_stamp_skew_ns: int = DEFAULT_MAX_STAMP_SKEW_NS,
     ) -> None:
         if blending not in (BLEND_OFF, BLEND_ENSEMBLE):
             raise ValueError(f'unknown blending {blending!r}')
         if not math.isfinite(ensemble_m) or ensemble_m < 0:
             raise ValueError(f'ensemble_m must be finite and >= 0, got {ensemble_m}')
+        if max_stamp_skew_ns < 0:
+            raise ValueError(f'max_stamp_skew_ns must be >= 0, got {max_stamp_skew_ns}')
         self.action_spaces = action_spaces
+        self.max_stamp_skew_ns = max_stamp_skew_ns
         self.blending = blending
         self.ensemble_m = ensemble_m
         self.lookahead = lookahead
@@ -132,6 +161,11 @@ class ChunkExecutor:
         self._executing = False
 
     @property
+    def admitted_any(self) -> bool:
+        """Whether a chunk was ever kept for playing."""
+        return self._newest_stamp_ns is not None
+
+    @property
     def holding(self) -> bool:
         """True once something was played and nothing valid is left to play."""
         return not self._executing and self.counts.actions_executed > 0
@@ -140,21 +174,30 @@ class ChunkExecutor:
         """Age of the newest chunk admitted (from its image stamp), or None before the first."""
         return None if self._newest_stamp_ns is None else now_ns - self._newest_stamp_ns
 
-    def skip(self, reason: str) -> None:
+    def skip(self, reason: str, detail: str = '') -> None:
         """Count a chunk that was never played, for ``reason`` (one of ``SKIP_REASONS``)."""
         self.counts.skipped[reason] += 1
+        if reason != 'superseded':  # a played-over chunk says nothing about the input
+            self.counts.last_skip = (reason, bounded(detail, MAX_VALUE_CHARS))
 
     def receive(self, chunk: Chunk, now_ns: int) -> str | None:
         """Keep ``chunk`` for playing; the reason it is skipped instead, or None."""
-        reason = None
+        reason = detail = None
+        seq = chunk.step_seq
         if chunk.action_space not in self.action_spaces:
             reason = 'action_space'
+            detail = f'chunk {seq}: action space {chunk.action_space!r}'
+        elif chunk.stamp_ns > now_ns + self.max_stamp_skew_ns:
+            reason = 'future_stamp'
+            detail = f'chunk {seq}: stamped {(chunk.stamp_ns - now_ns) / 1e9:.3f} s ahead'
         elif now_ns > chunk.deadline_ns or now_ns >= chunk.end_ns:
             reason = 'past_deadline'
+            detail = f'chunk {seq}: received past its deadline or its end'
         elif self._newest_stamp_ns is not None and chunk.stamp_ns <= self._newest_stamp_ns:
             reason = 'out_of_order'
+            detail = f'chunk {seq}: not newer than the newest chunk'
         if reason is not None:
-            self.skip(reason)
+            self.skip(reason, detail)
             return reason
         if self._chunks and (
             chunk.joint_names != self._chunks[-1].joint_names

@@ -8,13 +8,14 @@ robot's namespace, next to the robot's controllers.
 Which chunks a sink can play: ``joint_trajectory`` takes ``joint_position`` chunks (the
 actions are positions to reach); ``twist`` and the gripper take ``ee_delta`` chunks (the
 deltas over dt, and the gripper column); ``none`` sends no arm command (the gripper alone).
+A twist reads an ee_delta action's first 6 columns, the gripper its 7th (``min_columns``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vla_sched.ros.node_config import ConfigError
+from vla_sched.ros.node_config import GRIPPER_COLUMN, NUM_TWIST_COLUMNS, ConfigError
 from vla_sched.settings import check_settings, setting
 
 SINKS = ('joint_trajectory', 'twist', 'none')
@@ -82,6 +83,25 @@ class ChunkExecutorConfig:
     gripper_topic: str = setting(
         'gripper/command', 'std_msgs/Float64 topic of the gripper (publish_gripper)'
     )
+    min_chunk_dt_s: float = setting(
+        1e-4,
+        'skip a chunk whose dt (rounded to whole microseconds) is below this (s)',
+        min_value=1e-6,
+        max_value=10.0,
+    )
+    max_chunk_dt_s: float = setting(
+        10.0,
+        'skip a chunk whose dt is above this (s)',
+        min_value=1e-6,
+        max_value=3600.0,
+    )
+    max_stamp_skew_s: float = setting(
+        1.0,
+        'skip a chunk stamped further ahead of the executor clock than this (s): the clock '
+        'skew tolerated between the robot, the vla_sched node and the executor',
+        min_value=0.0,
+        max_value=3600.0,
+    )
     diagnostics_period_s: float = setting(
         1.0, 'seconds between two /diagnostics reports', min_value=0.05, max_value=60.0
     )
@@ -92,6 +112,11 @@ class ChunkExecutorConfig:
             raise ConfigError(
                 f'publish_gripper needs ee_delta chunks, which sink {self.sink} does not play'
             )
+        if self.min_chunk_dt_s > self.max_chunk_dt_s:
+            raise ConfigError(
+                f'min_chunk_dt_s {self.min_chunk_dt_s} is above max_chunk_dt_s '
+                f'{self.max_chunk_dt_s}'
+            )
         for name in ('chunk_topic', 'trajectory_topic', 'twist_topic', 'gripper_topic'):
             if not getattr(self, name).strip():
                 raise ConfigError(f'{name} is empty')
@@ -100,3 +125,12 @@ class ChunkExecutorConfig:
     def action_spaces(self) -> tuple[str, ...]:
         """The action spaces of the chunks this configuration plays."""
         return SINK_ACTION_SPACES[self.sink]
+
+    @property
+    def min_columns(self) -> int:
+        """The action columns the sink and the gripper read: 6 for a twist, 7 with the
+        gripper, 1 otherwise."""
+        columns = NUM_TWIST_COLUMNS if self.sink == 'twist' else 1
+        if self.publish_gripper:
+            columns = max(columns, GRIPPER_COLUMN + 1)
+        return columns

@@ -19,15 +19,23 @@ publishes it), keeps and plays chunks by the rules of ``chunk_executor`` on the 
 - ``publish_gripper``: the current action's gripper column as a Float64.
 
 Ticks fall on the newest chunk's action boundaries (a one-shot timer re-armed each tick),
-and once at a chunk's arrival. ``/diagnostics`` gets one status, ``'<node>: chunk
-executor'``, with what was executed, skipped (by reason) and held, and the newest chunk's age.
+and once at a chunk's arrival. No message stops it: every field is checked first
+(``chunk_checks``: dt within ``[min_chunk_dt_s, max_chunk_dt_s]``, shapes, the columns the
+sink reads, finite values) and the stamp against the clock (``max_stamp_skew_s``); a chunk
+that fails is skipped and counted by reason. ``/diagnostics`` gets one status,
+``'<node>: chunk executor'``, with what was executed, skipped (by reason, and the last skip's
+detail) and held, and the newest chunk's age; ERROR when every chunk so far was of an action
+space the sink cannot play (also logged, once per action space).
+
+String parameters whose choices YAML reads as booleans (``-p blending:=off`` is the boolean
+false) are accepted as the boolean too: false is ``off``.
 """
 
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 
-import numpy as np
 import rclpy
 from diagnostic_msgs.msg import DiagnosticArray
 from geometry_msgs.msg import TwistStamped
@@ -39,16 +47,18 @@ from std_msgs.msg import Float64
 from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
 
 from vla_sched.msg import ActionChunk
-from vla_sched.ros.chunk_executor import SKIP_REASONS, Chunk, ChunkExecutor, Command
+from vla_sched.ros.chunk_checks import ChunkRefusedError, ChunkRules, chunk_from_message
+from vla_sched.ros.chunk_executor import SKIP_REASONS, ChunkExecutor, Command
 from vla_sched.ros.chunk_executor_config import ChunkExecutorConfig
-from vla_sched.ros.conversions import ns_to_duration, ns_to_stamp, stamp_to_ns
+from vla_sched.ros.conversions import ns_to_duration, ns_to_stamp
 from vla_sched.ros.diagnostic_keys import NO_DATA
-from vla_sched.ros.diagnostics import OK, STALE, WARN, StatusData, to_message
+from vla_sched.ros.diagnostics import ERROR, OK, STALE, WARN, StatusData, to_message
 from vla_sched.ros.node_config import GRIPPER_COLUMN, ConfigError
 from vla_sched.ros.outputs import ee_twist
 from vla_sched.ros.parameters import ParamSpec, check_value, descriptor
 from vla_sched.ros.robot_topics import control_qos
 from vla_sched.ros.shutdown import ShutdownRequest
+from vla_sched.ros.text_bounds import MAX_MESSAGE_CAUSE_CHARS, bounded
 from vla_sched.settings import settings_of
 
 NODE_NAME = 'vla_chunk_executor'
@@ -57,6 +67,10 @@ STATUS_SUFFIX = ': chunk executor'
 # with (a subscriber needs no lifespan), and what the controllers' topics accept.
 CONTROL_QOS = control_qos()
 AGE_KEY = 'newest chunk age (s)'
+LAST_SKIP_KEY = 'last skipped'
+# What YAML makes of these words: a choice spelled so arrives as a boolean.
+_YAML_BOOL_WORDS = {False: ('off', 'false', 'no'), True: ('on', 'true', 'yes')}
+NS_PER_S = 1_000_000_000
 
 
 def declare_config(node: Node) -> ChunkExecutorConfig:
@@ -69,37 +83,78 @@ def declare_config(node: Node) -> ChunkExecutorConfig:
     values = {}
     for defined in settings_of(ChunkExecutorConfig):
         spec = ParamSpec(defined.name, defined)
-        param = node.declare_parameter(spec.name, spec.default, descriptor(spec))
-        values[spec.name] = check_value(spec, param.value)
+        desc = descriptor(spec)
+        if _bool_words(defined.choices):
+            desc.dynamic_typing = True  # a boolean is read back as its word below
+        param = node.declare_parameter(spec.name, spec.default, desc)
+        values[spec.name] = check_value(spec, _choice_of(param.value, defined.choices))
     return ChunkExecutorConfig(**values)
 
 
-def dt_ns_of(dt_s: float) -> int:
-    """An ActionChunk's float32 ``dt`` in nanoseconds, rounded to whole microseconds: a
-    float32 holds about 7 significant digits, so 0.2 s reads 0.2000000030 and would put every
-    action boundary a few nanoseconds off the one the node meant."""
-    return round(float(dt_s) * 1e6) * 1000
+def _bool_words(choices: tuple[str, ...] | None) -> dict[bool, str]:
+    """The choices that YAML reads as a boolean, by that boolean."""
+    words = {}
+    for flag, spellings in _YAML_BOOL_WORDS.items():
+        for choice in choices or ():
+            if choice.lower() in spellings:
+                words[flag] = choice
+    return words
 
 
-def chunk_from_message(msg: ActionChunk) -> Chunk:
-    """The executor's ``Chunk`` of an ActionChunk.
+def _choice_of(value, choices: tuple[str, ...] | None):
+    """``value``, or the choice a boolean ``value`` was written as (``off`` for false)."""
+    if isinstance(value, bool):
+        return _bool_words(choices).get(value, value)
+    return value
 
-    Raises:
-        ValueError: the message's sizes disagree, or its actions or dt are not usable.
-    """
-    actions = np.asarray(msg.actions, dtype=np.float64)
-    if actions.size != msg.horizon * msg.dof:
-        raise ValueError(f'{actions.size} action values for horizon {msg.horizon} x {msg.dof}')
-    return Chunk(
-        step_seq=int(msg.step_seq),
-        stamp_ns=stamp_to_ns(msg.header.stamp),
-        dt_ns=dt_ns_of(msg.dt),
-        deadline_ns=stamp_to_ns(msg.deadline),
-        actions=actions.reshape(msg.horizon, msg.dof),
-        joint_names=tuple(msg.joint_names),
-        action_space=msg.action_space,
-        frame_id=msg.header.frame_id,
+
+def chunk_rules(config: ChunkExecutorConfig) -> ChunkRules:
+    """The message checks of an executor with ``config``."""
+    return ChunkRules(
+        action_spaces=config.action_spaces,
+        min_columns=config.min_columns,
+        min_dt_ns=round(config.min_chunk_dt_s * 1e6) * 1000,
+        max_dt_ns=round(config.max_chunk_dt_s * 1e6) * 1000,
     )
+
+
+def take_chunk(executor: ChunkExecutor, rules: ChunkRules, msg: ActionChunk, now_ns: int) -> bool:
+    """Check ``msg`` and hand it to ``executor``: True if it was kept, else it was counted as
+    skipped (``executor.counts.last_skip`` says why). Nothing is raised, whatever ``msg``
+    holds."""
+    try:
+        chunk = chunk_from_message(msg, rules)
+    except ChunkRefusedError as exc:
+        executor.skip(exc.reason, exc.detail)
+        return False
+    except Exception as exc:  # a message no check foresaw: counted, never fatal
+        executor.skip('malformed', f'chunk {msg.step_seq}: {type(exc).__name__}: {exc}')
+        return False
+    return executor.receive(chunk, now_ns) is None
+
+
+@dataclass(frozen=True, slots=True)
+class SinkMessages:
+    """What one tick sends; None for an output the configuration does not have."""
+
+    trajectory: JointTrajectory | None
+    twist: TwistStamped | None
+    gripper: Float64 | None
+
+
+def sink_messages(command: Command, config: ChunkExecutorConfig) -> SinkMessages:
+    """The messages of ``command`` for the sink and gripper of ``config`` (the command's
+    chunk has the columns they read: ``chunk_checks``)."""
+    trajectory = twist = gripper = None
+    current = command.rows[0]
+    if config.sink == 'joint_trajectory':
+        trajectory = trajectory_message(command, stamped=config.trajectory_start == 'now')
+    elif config.sink == 'twist':
+        twist = ee_twist(current, dt_s=command.dt_ns / 1e9, frame_id=command.frame_id)
+        twist.header.stamp = ns_to_stamp(command.at_ns)
+    if config.publish_gripper:
+        gripper = Float64(data=float(current[GRIPPER_COLUMN]))
+    return SinkMessages(trajectory, twist, gripper)
 
 
 def trajectory_message(command: Command, *, stamped: bool) -> JointTrajectory:
@@ -126,7 +181,20 @@ def executor_status(
     counts = executor.counts
     age_ns = executor.newest_age_ns(now_ns)
     age = NO_DATA if age_ns is None else f'{age_ns / 1e9:.3f}'
-    if age_ns is None and counts.actions_executed == 0:
+    last_reason, last_detail = counts.last_skip or ('', '')
+    num_skipped = sum(counts.skipped.values())
+    if not executor.admitted_any and last_reason == 'action_space':
+        level, state = ERROR, 'cannot play'
+        message = (
+            f'sink {config.sink} plays only {"/".join(config.action_spaces)} chunks: '
+            f'{last_detail} ({counts.skipped["action_space"]} skipped)'
+        )
+    elif not executor.admitted_any and num_skipped:
+        level, state = WARN, 'waiting'
+        message = (
+            f'no playable chunk yet: {num_skipped} skipped, last {last_reason}: {last_detail}'
+        )
+    elif not executor.admitted_any:
         level, message, state = STALE, 'waiting for the first chunk', 'waiting'
     elif executor.holding:
         level, state = WARN, 'holding'
@@ -142,6 +210,7 @@ def executor_status(
         ('holds', str(counts.holds)),
         *((f'chunks skipped: {r}', str(counts.skipped[r])) for r in SKIP_REASONS),
         (AGE_KEY, age),
+        (LAST_SKIP_KEY, f'{last_reason}: {last_detail}' if last_reason else NO_DATA),
     ]
     return StatusData(node_name + STATUS_SUFFIX, level, message, node_name, tuple(values))
 
@@ -149,8 +218,8 @@ def executor_status(
 class ChunkExecutorNode(Node):
     """Plays ``vla/action_chunk`` to the configured sink (see the module docstring)."""
 
-    def __init__(self) -> None:
-        super().__init__(NODE_NAME)
+    def __init__(self, **node_kwargs) -> None:
+        super().__init__(NODE_NAME, **node_kwargs)
         self.config = declare_config(self)
         cfg = self.config
         self.executor_rules = ChunkExecutor(
@@ -158,7 +227,10 @@ class ChunkExecutorNode(Node):
             blending=cfg.blending,
             ensemble_m=cfg.ensemble_m,
             lookahead=cfg.trajectory_points == 'remaining',
+            max_stamp_skew_ns=round(cfg.max_stamp_skew_s * NS_PER_S),
         )
+        self.chunk_rules = chunk_rules(cfg)
+        self._unplayable_spaces: set[str] = set()  # the action spaces logged as unplayable
         self._trajectory = self._twist = self._gripper = None
         if cfg.sink == 'joint_trajectory':
             self._trajectory = self.create_publisher(
@@ -182,15 +254,26 @@ class ChunkExecutorNode(Node):
         return self.get_clock().now().nanoseconds
 
     def _on_chunk(self, msg: ActionChunk) -> None:
+        """Check, keep and play a chunk; no message ends the executor."""
         now = self._now_ns()
-        try:
-            chunk = chunk_from_message(msg)
-        except ValueError as exc:
-            self.executor_rules.skip('malformed')
-            self.get_logger().warning(f'chunk {msg.step_seq} skipped: {exc}')
-            return
-        if self.executor_rules.receive(chunk, now) is None:
+        if take_chunk(self.executor_rules, self.chunk_rules, msg, now):
             self._play(now)
+        else:
+            self._log_skip(str(msg.action_space))
+
+    def _log_skip(self, action_space: str) -> None:
+        """Log the chunk just skipped: an action space the sink cannot play once as an error,
+        the other reasons as warnings at most once a second."""
+        reason, detail = self.executor_rules.counts.last_skip
+        action_space = bounded(action_space, MAX_MESSAGE_CAUSE_CHARS)
+        if reason != 'action_space':
+            self.get_logger().warning(f'{reason}: {detail}', throttle_duration_sec=1.0)
+        elif action_space not in self._unplayable_spaces and len(self._unplayable_spaces) < 8:
+            self._unplayable_spaces.add(action_space)
+            self.get_logger().error(
+                f'sink {self.config.sink} cannot play {action_space!r} chunks (it plays '
+                f'{list(self.config.action_spaces)}): every such chunk is skipped'
+            )
 
     def _on_tick(self) -> None:
         self._play(self._now_ns())
@@ -212,17 +295,14 @@ class ChunkExecutorNode(Node):
         self._tick_timer.reset()
 
     def _send(self, command: Command) -> None:
-        if self._trajectory is not None:
-            stamped = self.config.trajectory_start == 'now'
-            self._trajectory.publish(trajectory_message(command, stamped=stamped))
-        current = command.rows[0]
-        if self._twist is not None:
-            twist = ee_twist(current, dt_s=command.dt_ns / 1e9, frame_id=command.frame_id)
-            twist.header.stamp = ns_to_stamp(command.at_ns)
-            self._twist.publish(twist)
+        sent = sink_messages(command, self.config)
+        if sent.trajectory is not None:
+            self._trajectory.publish(sent.trajectory)
+        if sent.twist is not None:
+            self._twist.publish(sent.twist)
             self._last_twist_frame = command.frame_id
-        if self._gripper is not None and len(current) > GRIPPER_COLUMN:
-            self._gripper.publish(Float64(data=float(current[GRIPPER_COLUMN])))
+        if sent.gripper is not None:
+            self._gripper.publish(sent.gripper)
 
     def send_zero_twist(self) -> None:
         """Stop MoveIt Servo: a zero twist in the frame of the last one (sink twist only)."""
