@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import rclpy
 from diagnostic_msgs.msg import DiagnosticArray
+from lifecycle_msgs.srv import GetState
 from rclpy.executors import SingleThreadedExecutor
 from rclpy.lifecycle import TransitionCallbackReturn
 from rclpy.parameter import Parameter
@@ -231,3 +232,29 @@ def test_a_checkpoint_that_cannot_be_served_fails_configure_naming_why(tmp_path)
         assert values['engine last error'].startswith('engine.model_path')
     finally:
         run.close()
+
+
+def test_the_reported_lifecycle_state_is_the_one_its_services_report(lifecycle):
+    run, node = lifecycle, lifecycle.node
+
+    def service_state() -> str:
+        client = run.robot.create_client(GetState, '/vla_sched/get_state')
+        assert run.spin_until(client.service_is_ready)
+        future = client.call_async(GetState.Request())
+        assert run.spin_until(future.done)
+        run.robot.destroy_client(client)
+        return future.result().current_state.label
+
+    assert node.lifecycle_state == service_state() == 'unconfigured'
+    for trigger, expected in (
+        (node.trigger_configure, 'inactive'),
+        (node.trigger_activate, 'active'),
+        (node.trigger_deactivate, 'inactive'),
+        (node.trigger_activate, 'active'),
+        (node.trigger_deactivate, 'inactive'),
+        (node.trigger_cleanup, 'unconfigured'),
+        (node.trigger_activate, 'unconfigured'),  # not a transition from there: refused
+        (node.trigger_shutdown, 'finalized'),
+    ):
+        trigger()
+        assert node.lifecycle_state == service_state() == expected, trigger.__name__

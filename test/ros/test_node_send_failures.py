@@ -155,7 +155,7 @@ def test_a_step_whose_send_fails_is_refused_and_the_robots_next_step_is_served()
 
     try:
         assert spin_until(lambda: camera.get_subscription_count() > 0)
-        assert spin_until(lambda: node.link.ready)
+        assert spin_until(lambda: node.link is not None and node.link.ready)
         stamps = []
         for count in (1, 2):
             stamps.append(send_image())

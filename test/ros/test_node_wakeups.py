@@ -85,7 +85,7 @@ def served(request):
     served = Served(*request.param)
     try:
         assert served.spin_until(lambda: served.camera.get_subscription_count() > 0)
-        assert served.spin_until(lambda: served.node.link.ready), served.node.link.view()
+        assert served.spin_until(lambda: served.node.link is not None and served.node.link.ready)
         yield served
     finally:
         served.close()

@@ -11,7 +11,7 @@ import yaml
 from rclpy.parameter import Parameter
 
 from vla_sched.engine.config import EngineConfig, EngineConfigError, EngineLinkConfig
-from vla_sched.ros import parameters
+from vla_sched.ros import given_parameters, parameters
 from vla_sched.ros.node_config import (
     ConfigError,
     DiagnosticsConfig,
@@ -334,6 +334,13 @@ def _node(context, args=(), overrides=()):
     return rclpy.create_node('vla_sched', context=context, parameter_overrides=list(overrides))
 
 
+def _declare_and_read(node, args=(), overrides=()):
+    """``declare_and_read`` told what the node was given, as the node tells it."""
+    return parameters.declare_and_read(
+        node, command_line=['test', '--ros-args', *args], overrides=overrides
+    )
+
+
 def test_the_shipped_params_file_loads_on_a_node(context):
     node = _node(context, ['--params-file', str(PARAMS_FILE)])
     config = parameters.declare_and_read(node)
@@ -398,24 +405,11 @@ def test_runtime_changes_are_validated_then_applied(context):
     node.destroy_node()
 
 
-def test_a_model_path_with_several_datasets_and_no_unnorm_key_stops_start_up(tmp_path, capsys):
-    import json
-
-    from vla_sched.model.config.presets import openvla_config, openvla_norm_stats
-    from vla_sched.ros.node import main
-
-    config = openvla_config('fused', tiny=True, norm_stats=openvla_norm_stats(('a', 'b')))
-    (tmp_path / 'config.json').write_text(json.dumps(config))
-    (tmp_path / 'tokenizer.json').write_text('{}')
-    assert main(['vla_sched', '--ros-args', '-p', f'engine.model_path:={tmp_path}']) == 2
-    err = capsys.readouterr().err
-    assert 'configuration error: engine.unnorm_key' in err and "['a', 'b']" in err
-
-
 def test_a_misspelled_parameter_fails_start_up_naming_the_closest_names(context):
-    node = _node(context, ['-p', 'engine.modle_path:=/m', '-p', 'scheduler.page_sise:=8'])
+    args = ['-p', 'engine.modle_path:=/m', '-p', 'scheduler.page_sise:=8']
+    node = _node(context, args)
     with pytest.raises(ConfigError) as info:
-        parameters.declare_and_read(node)
+        _declare_and_read(node, args)
     message = str(info.value)
     assert message.startswith('unknown parameters: ')
     assert 'engine.modle_path (closest: engine.model_path' in message
@@ -424,15 +418,13 @@ def test_a_misspelled_parameter_fails_start_up_naming_the_closest_names(context)
 
 
 def test_a_section_for_a_robot_not_in_robot_ids_fails_start_up(context):
-    node = _node(
-        context,
-        overrides=[
-            Parameter('robot_ids', value=['arm_a']),
-            Parameter('robots.arm_b.period_s', value=0.2),
-        ],
-    )
+    overrides = [
+        Parameter('robot_ids', value=['arm_a']),
+        Parameter('robots.arm_b.period_s', value=0.2),
+    ]
+    node = _node(context, overrides=overrides)
     with pytest.raises(ConfigError) as info:
-        parameters.declare_and_read(node)
+        _declare_and_read(node, overrides=overrides)
     assert (
         "robots.arm_b.period_s (arm_b is not in robot_ids ['arm_a']; "
         'closest: robots.arm_a.period_s'
@@ -504,3 +496,39 @@ def test_camera_topics_must_be_one_to_eight_distinct_relative_names(topics, matc
     with pytest.raises(ConfigError, match=rf'robots\.arm\.{match}'):
         RobotConfig('arm', camera_topics=topics)
     assert RobotConfig('arm').camera_topics == ('camera/image_raw',)
+
+
+@pytest.mark.parametrize(
+    ('key', 'fqn', 'applies'),
+    [
+        ('/**', '/vla_sched', True),
+        ('/**', '/gpu0/vla_sched', True),
+        ('vla_sched', '/vla_sched', True),
+        ('vla_sched', '/gpu0/vla_sched', False),
+        ('/gpu0/vla_sched', '/gpu0/vla_sched', True),
+        ('/**/vla_sched', '/vla_sched', True),
+        ('/**/vla_sched', '/a/b/vla_sched', True),
+        ('/*/vla_sched', '/gpu1/vla_sched', True),
+        ('/*/vla_sched', '/vla_sched', False),
+        ('other_node', '/vla_sched', False),
+    ],
+)
+def test_a_params_file_section_applies_to_the_nodes_its_key_matches(key, fqn, applies):
+    assert given_parameters.node_key_matches(key, fqn) is applies
+
+
+def test_the_given_names_are_read_from_files_rules_and_overrides(tmp_path):
+    path = tmp_path / 'p.yaml'
+    path.write_text(
+        yaml.safe_dump(
+            {
+                '/**': {'ros__parameters': {'robots': {'a': {'period_s': 0.5}}}},
+                'gpu0': {'vla_sched': {'ros__parameters': {'engine.device': 'cpu'}}},
+                'other': {'ros__parameters': {'not_ours': 1}},
+            }
+        )
+    )
+    argv = ['n', '--ros-args', '--params-file', str(path), '-p', 'x:=1', '-p', 'other:y:=2']
+    argv += ['-p', 'vla_sched:z:=3']
+    names = given_parameters.given_names('/gpu0/vla_sched', argv, ['robot_ids'])
+    assert names == {'robots.a.period_s', 'engine.device', 'x', 'z', 'robot_ids'}

@@ -30,8 +30,11 @@ get/set``, a launch file, a lifecycle manager):
 The robots' subscriptions, ``vla/step_rejected`` and /diagnostics live in every state: a node
 that is not active refuses each step that falls due with INACTIVE and reports its lifecycle
 state and its engine's on /diagnostics. With the parameter ``autostart`` (default true) the
-node configures and activates itself at start-up, so a node started on its own serves at
-once; the launch files set it false and take the node through the transitions themselves.
+node configures and activates itself once it spins (a one-shot timer, as nav2's lifecycle
+servers do), so a node started on its own serves at once; a configure that fails there is a
+failed transition like any other: the node stays unconfigured and says why in its log and on
+/diagnostics. The launch files set it false and take the node through the transitions
+themselves.
 
     python -m vla_sched.ros.node --ros-args --params-file config/vla_sched.yaml
 """
@@ -85,19 +88,40 @@ FAILURE = TransitionCallbackReturn.FAILURE
 ERROR = TransitionCallbackReturn.ERROR
 
 
-def _logs_errors(transition: Callable) -> Callable:
-    """A transition callback that logs an exception it raises and returns ERROR (rclpy turns
-    it into ERROR too, but silently)."""
+# The primary state a transition callback leads to on SUCCESS and on FAILURE (the lifecycle
+# design's state machine, which rcl runs); on ERROR the node goes through on_error, whose own
+# result decides. rclpy keeps the state in a private field, so the node follows it here.
+STATE_AFTER = {
+    'on_configure': ('inactive', 'unconfigured'),
+    'on_activate': ('active', 'inactive'),
+    'on_deactivate': ('inactive', 'active'),
+    'on_cleanup': ('unconfigured', 'inactive'),
+    'on_shutdown': ('finalized', 'finalized'),
+    'on_error': ('unconfigured', 'finalized'),
+}
 
-    @functools.wraps(transition)
+
+def _transition(callback: Callable) -> Callable:
+    """A transition callback that logs an exception it raises and returns ERROR (rclpy turns
+    it into ERROR too, but silently), and records the state its result leads to."""
+    on_success, on_failure = STATE_AFTER[callback.__name__]
+
+    @functools.wraps(callback)
     def run(node: VlaSchedNode, state: LifecycleState) -> TransitionCallbackReturn:
         try:
-            return transition(node, state)
+            result = callback(node, state)
         except Exception:
             node.get_logger().error(
-                f'{transition.__name__} from {state.label} failed:\n{traceback.format_exc()}'
+                f'{callback.__name__} from {state.label} failed:\n{traceback.format_exc()}'
             )
-            return ERROR
+            result = ERROR
+        if result == SUCCESS:
+            node._lifecycle_state = on_success
+        elif result == FAILURE or callback.__name__ == 'on_error':
+            node._lifecycle_state = on_failure
+        else:
+            node._lifecycle_state = 'errorprocessing'
+        return result
 
     return run
 
@@ -107,23 +131,27 @@ class VlaSchedNode(LifecycleNode):
 
     def __init__(self, *, client_factory=None, command_line: Sequence[str] = (), **kwargs) -> None:
         """Declare and read the parameters, subscribe every robot, and with ``autostart``
-        configure (start the engine) and activate.
+        arm the one-shot timer that configures (starts the engine) and activates the node
+        once it spins.
 
         Args:
             client_factory: builds the engine client from the ``FrontendConfig`` (default:
                 ``EngineClient`` with the engine and link settings from the parameters).
             command_line: the arguments given to ``rclpy.init``; a ``--params-file`` there
-                that gives this node no parameters is refused.
+                that gives this node no parameters is refused, and so is a value there that
+                names no parameter.
             **kwargs: passed to ``rclpy.node.Node`` (e.g. ``parameter_overrides``).
 
         Raises:
             ConfigError: a parameter is missing, malformed, inconsistent or unknown.
-            ModelPathError: with ``autostart``: ``engine.model_path`` cannot be served, or it
-                holds several datasets' statistics and ``engine.unnorm_key`` names none of
-                them.
         """
         super().__init__(NODE_NAME, **kwargs)
-        self.config: FrontendConfig = parameters.declare_and_read(self, command_line=command_line)
+        self._lifecycle_state = 'unconfigured'
+        self.config: FrontendConfig = parameters.declare_and_read(
+            self,
+            command_line=[*command_line, *(kwargs.get('cli_args') or ())],
+            overrides=kwargs.get('parameter_overrides') or (),
+        )
         autostart = self.get_parameter(parameters.AUTOSTART.name).value
         self.add_on_set_parameters_callback(
             parameters.runtime_validator(self.config, self._apply_runtime_param)
@@ -182,8 +210,12 @@ class VlaSchedNode(LifecycleNode):
         self._steady_clock = Clock(clock_type=ClockType.STEADY_TIME)
         self._diagnostics_due_ns = self._steady_ns() + diagnostics_ns
         self.create_timer(tick_s, self._tick, clock=self._steady_clock)
+        self._autostart_timer = None
         if autostart:
-            self._autostart()
+            # On the steady clock: it fires under use_sim_time before /clock runs.
+            self._autostart_timer = self.create_timer(
+                0.0, self._autostart, clock=self._steady_clock
+            )
         else:
             self.get_logger().info(
                 f'unconfigured: waiting for configure (ros2 lifecycle set '
@@ -191,25 +223,30 @@ class VlaSchedNode(LifecycleNode):
             )
 
     def _autostart(self) -> None:
-        """Configure and activate now, as a node started on its own is expected to serve; a
-        checkpoint that cannot be served stops start-up as a bad parameter does."""
+        """Once, when the node first spins: configure and activate, as a node started on its
+        own is expected to serve. A transition that fails leaves the node where the failure
+        left it (a checkpoint that cannot be served: unconfigured), logged and reported on
+        /diagnostics at once; its lifecycle services can take it on from there."""
+        self.destroy_timer(self._autostart_timer)
+        self._autostart_timer = None
         if self.trigger_configure() == SUCCESS and self.trigger_activate() == SUCCESS:
             return
-        self.close()
-        if self._configure_error:
-            raise ModelPathError(self._configure_error)
-        raise RuntimeError('autostart failed; see the log')
+        self.get_logger().error(
+            f'autostart stopped: the node is {self._lifecycle_state}'
+            + (f' ({self._configure_error})' if self._configure_error else '')
+        )
+        self.publish_diagnostics()
 
     # --- lifecycle transitions -------------------------------------------------------------
 
     @property
     def lifecycle_state(self) -> str:
-        """The label of the node's lifecycle state (``unconfigured``, ``inactive``, ``active``,
-        ``finalized``, or a transition's). rclpy keeps it in ``_state_machine`` and offers no
-        public accessor."""
-        return self._state_machine.current_state[1]
+        """The label of the node's primary lifecycle state (``unconfigured``, ``inactive``,
+        ``active``, ``finalized``; ``errorprocessing`` while ``on_error`` runs), as the
+        results of its transition callbacks lead it through the lifecycle state machine."""
+        return self._lifecycle_state
 
-    @_logs_errors
+    @_transition
     def on_configure(self, state: LifecycleState) -> TransitionCallbackReturn:
         """Check the checkpoint and start the engine; FAILURE (unconfigured) if it cannot be
         served."""
@@ -230,7 +267,7 @@ class VlaSchedNode(LifecycleNode):
         )
         return SUCCESS
 
-    @_logs_errors
+    @_transition
     def on_activate(self, state: LifecycleState) -> TransitionCallbackReturn:
         """Serve: publish chunks and send the steps that fall due from now on."""
         result = super().on_activate(state)  # the lifecycle publishers publish from now on
@@ -242,7 +279,7 @@ class VlaSchedNode(LifecycleNode):
         self._dispatch()
         return result
 
-    @_logs_errors
+    @_transition
     def on_deactivate(self, state: LifecycleState) -> TransitionCallbackReturn:
         """Stop serving: the steps in flight are refused (their results never published) and
         so is every step that falls due; the engine keeps running."""
@@ -250,14 +287,14 @@ class VlaSchedNode(LifecycleNode):
         self.get_logger().info('inactive: every step is refused until the node is activated')
         return super().on_deactivate(state)
 
-    @_logs_errors
+    @_transition
     def on_cleanup(self, state: LifecycleState) -> TransitionCallbackReturn:
         """Stop the engine (and its process); a later configure starts a new one."""
         self._stop_engine()
         self.get_logger().info('unconfigured: engine stopped')
         return SUCCESS
 
-    @_logs_errors
+    @_transition
     def on_shutdown(self, state: LifecycleState) -> TransitionCallbackReturn:
         """Stop serving and the engine for good; the finalized node keeps reporting on
         /diagnostics and refusing steps until its process ends."""
@@ -268,7 +305,7 @@ class VlaSchedNode(LifecycleNode):
         self.get_logger().info('finalized: engine stopped')
         return SUCCESS
 
-    @_logs_errors
+    @_transition
     def on_error(self, state: LifecycleState) -> TransitionCallbackReturn:
         """A transition raised: stop serving and the engine, and go back to unconfigured."""
         if self._active:

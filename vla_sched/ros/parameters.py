@@ -20,6 +20,8 @@ ROS drops a value that names no declared parameter, so ``declare_and_read`` refu
 misspelled name or a ``robots.<id>`` section for an id missing from ``robot_ids`` fails
 start-up with the closest declared names, and so does a ``--params-file`` that gives this
 node nothing (keyed by another node's name; ``/**:`` applies under any name and namespace).
+The names given are read from the node's command line and overrides (``given_parameters``);
+the values only through rclpy's public ``declare_parameter``.
 An empty string list is declared as an empty array, never as "not set", so that what
 ``ros2 param dump`` writes loads back as a params file.
 """
@@ -30,10 +32,8 @@ import dataclasses
 import difflib
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import yaml
 from rcl_interfaces.msg import (
     FloatingPointRange,
     IntegerRange,
@@ -43,12 +43,19 @@ from rcl_interfaces.msg import (
 
 from vla_sched.engine.config import EngineConfigError
 from vla_sched.ros.conversions import ConversionError, check_instruction
+from vla_sched.ros.given_parameters import (
+    given_names,
+    load_params_file,
+    ros_arguments,
+    rule_target,
+)
 from vla_sched.ros.node_config import ConfigError, FrontendConfig, RobotConfig
 from vla_sched.settings import Setting, settings_of
 from vla_sched.settings import check_value as check_setting_value
 
 if TYPE_CHECKING:
     from rclpy.node import Node
+    from rclpy.parameter import Parameter
 
 ROBOT_DEFAULTS = 'robot_defaults'
 ROBOT_IDS = Setting('robot_ids', ('robot_0',), 'the robots this node serves')
@@ -191,22 +198,26 @@ def all_specs(robot_ids: Iterable[str], defaults: dict[str, Any]) -> list[ParamS
     return specs
 
 
-def declare_and_read(node: Node, *, command_line: Sequence[str] = ()) -> FrontendConfig:
+def declare_and_read(
+    node: Node, *, command_line: Sequence[str] = (), overrides: Iterable[Parameter] = ()
+) -> FrontendConfig:
     """Declare every parameter on ``node`` and return the validated config.
 
-    ``command_line`` is the process's arguments (those given to ``rclpy.init``): its
-    ``--params-file`` and ``-p`` entries tell which values came from a file.
+    ``command_line`` is the process's arguments (those given to ``rclpy.init``, then the
+    node's own ``cli_args``) and ``overrides`` the ``parameter_overrides`` the node was built
+    with: they tell which names were given (``given_parameters``) and which came from a file.
 
     Raises:
         ConfigError: a value is of the wrong type, out of range, or inconsistent; a value
             names no declared parameter; or the params files give this node nothing.
     """
-    overrides = parameter_overrides(node)
-    check_params_files_reach(node.get_fully_qualified_name(), overrides, command_line)
+    node_fqn = node.get_fully_qualified_name()
+    given = given_names(node_fqn, command_line, (p.name for p in overrides))
+    check_params_files_reach(node_fqn, given, command_line)
     values: dict[str, Any] = {}
     base = node_specs()
     for spec in base:
-        values[spec.name] = _declare(node, spec, overrides)
+        values[spec.name] = _declare(node, spec)
     prefix = f'{ROBOT_DEFAULTS}.'
     defaults = {
         spec.name[len(prefix) :]: values[spec.name]
@@ -216,28 +227,25 @@ def declare_and_read(node: Node, *, command_line: Sequence[str] = ()) -> Fronten
     for robot_id in values['robot_ids']:
         RobotConfig(robot_id=robot_id)  # a bad id fails before its parameters are declared
         for spec in robot_specs(robot_id, defaults):
-            values[spec.name] = _declare(node, spec, overrides)
+            values[spec.name] = _declare(node, spec)
     declared = node.get_parameters_by_prefix('')  # every declared parameter, by full name
-    check_no_unknown(overrides, declared, values['robot_ids'])
+    check_no_unknown(given, declared, values['robot_ids'])
     return config_from_values(values)
 
 
-def parameter_overrides(node: Node) -> dict[str, Any]:
-    """``{name: value}`` of every value given to ``node`` (params files, ``-p``, and the
-    ``parameter_overrides`` argument). rclpy keeps them in ``Node._parameter_overrides`` and
-    offers no public accessor."""
-    return {name: param.value for name, param in node._parameter_overrides.items()}
-
-
-def _declare(node: Node, spec: ParamSpec, overrides: dict[str, Any]) -> Any:
+def _declare(node: Node, spec: ParamSpec) -> Any:
     if not spec.setting.is_string_list:
         param = node.declare_parameter(spec.name, spec.default, descriptor(spec))
         return check_value(spec, param.value)
     # Dynamically typed, and always declared with a list: '[]' in a params file arrives as
     # "not set", and a parameter left "not set" would be dumped as null, which loads back
-    # as the string 'null'. An empty list is declared as rclpy types it (an empty byte
-    # array), which ros2 param dump writes as [].
-    value = overrides.get(spec.name, list(spec.default))
+    # as the string 'null'. The given value is read as rcl resolved it (any type, or "not
+    # set") through a writable probe, then the parameter is declared again with its
+    # descriptor and that value as a list; an empty list is declared as rclpy types it (an
+    # empty byte array), which ros2 param dump writes as [].
+    probe = ParameterDescriptor(dynamic_typing=True)
+    value = node.declare_parameter(spec.name, list(spec.default), probe).value
+    node.undeclare_parameter(spec.name)
     if value is None:
         value = []
     node.declare_parameter(spec.name, value, descriptor(spec), ignore_override=True)
@@ -249,30 +257,12 @@ def ros_command_line(argv: Sequence[str]) -> tuple[list[str], set[str]]:
 
     Only arguments inside ``--ros-args`` ... (``--`` ends them) count, as rcl reads them.
     """
-    files: list[str] = []
-    names: set[str] = set()
-    inside = False
-    args = list(argv)
-    i = 0
-    while i < len(args):
-        arg = args[i]
-        if arg == '--ros-args':
-            inside = True
-        elif arg == '--':
-            inside = False
-        elif inside and arg == '--params-file' and i + 1 < len(args):
-            files.append(args[i + 1])
-            i += 1
-        elif inside and arg in ('-p', '--param') and i + 1 < len(args):
-            rule = args[i + 1].split(':=', 1)[0]
-            names.add(rule.rsplit(':', 1)[-1])  # 'node:name:=value' names 'name'
-            i += 1
-        i += 1
-    return files, names
+    files, rules = ros_arguments(argv)
+    return files, {rule_target(rule)[1] for rule in rules}
 
 
 def check_params_files_reach(
-    node_name: str, overrides: dict[str, Any], command_line: Sequence[str]
+    node_name: str, overrides: Iterable[str], command_line: Sequence[str]
 ) -> None:
     """ConfigError when ``--params-file`` was given but no value of a file reached the node
     called ``node_name`` (its fully qualified name), naming the files' top-level keys."""
@@ -281,10 +271,7 @@ def check_params_files_reach(
         return
     keys = []
     for path in files:
-        try:
-            data = yaml.safe_load(Path(path).read_text())
-        except (OSError, yaml.YAMLError):
-            data = None
+        data = load_params_file(path)
         keys += list(data) if isinstance(data, dict) else []
     raise ConfigError(
         f'the params file(s) {files} give {node_name} no parameters: they are keyed by '
