@@ -108,6 +108,31 @@ def test_a_robot_whose_image_is_slow_does_not_hold_another_robots_image():
     assert [(c.robot_id, c.stamp_ns) for c in done[1:]] == [('slow', 1), ('slow', 2)]
 
 
+def test_a_frequent_camera_is_not_starved_behind_a_slow_one():
+    """One worker, a camera whose every conversion is slow and one whose images come often.
+    The frequent camera's newest image keeps its place in the queue when it replaces the
+    waiting one, so each time the slow conversion ends the frequent camera is served before
+    the slow camera's next image (a replacement sent to the back waited behind it, forever)."""
+    intake, results = _intake(num_workers=1)
+    gates = [(threading.Event(), threading.Event()) for _ in range(6)]
+    try:
+        intake.submit('slow', _blocked(*gates[0], 0), stamp_ns=0, received_ns=0)
+        assert gates[0][0].wait(WAIT_S)
+        for r in range(1, 6):
+            stamp = 100 * r
+            intake.submit('fast', lambda: _image(1), stamp_ns=stamp, received_ns=stamp)
+            intake.submit('slow', _blocked(*gates[r], r), stamp_ns=stamp, received_ns=stamp)
+            assert intake.submit('fast', lambda: _image(2), stamp_ns=stamp + 1, received_ns=0)
+            gates[r - 1][1].set()  # the slow conversion in progress ends
+            assert gates[r][0].wait(WAIT_S)  # the worker has taken the slow camera's next
+            served = [(c.robot_id, c.stamp_ns) for c in results.wait_for(2 * r)]
+            assert served[-2:] == [('slow', 100 * (r - 1)), ('fast', stamp + 1)], served
+        gates[5][1].set()
+        results.wait_for(11)
+    finally:
+        intake.close()
+
+
 def test_failed_conversions_become_errors_and_the_workers_go_on():
     intake, results = _intake(num_workers=1)
 

@@ -14,9 +14,15 @@ other robots; a guard condition brings the results back to the executor. An imag
 whose earlier image is still with the workers goes to them too, so a camera's images reach
 its slot in arrival order.
 
+Once the engine said its input size (``model_image_size``), an image with more pixels is
+reduced to it here (``model_input``; a JPEG is decoded at the scale that needs), so the
+engine gets the pixels it uses and no more; such an image is always converted by a worker. A
+decode that runs past ``max_decode_s`` (``limits.max_decode_s``) is abandoned.
+
 Either way a converted image goes to its robot's slot (``RobotSlot.offer_image``) and
 ``on_new`` is called, and an image that cannot be used is answered through ``refuse``
-(``MALFORMED_IMAGE``, with what its stamp or its conversion said).
+(``MALFORMED_IMAGE``, with what its stamp or its conversion said: a decode abandoned at the
+bound says so).
 """
 
 from __future__ import annotations
@@ -30,8 +36,14 @@ from rclpy.node import Node
 
 from vla_sched.ipc.messages import FailureReason
 from vla_sched.ros.camera_sync import CameraFrame
-from vla_sched.ros.conversions import compressed_to_rgb, image_to_rgb, stamp_to_ns
+from vla_sched.ros.conversions import (
+    DEFAULT_MAX_DECODE_S,
+    compressed_to_rgb,
+    image_to_rgb,
+    stamp_to_ns,
+)
 from vla_sched.ros.image_intake import Converted, ImageIntake, run_conversion
+from vla_sched.ros.model_input import reduce_to_model_input
 from vla_sched.ros.robot_slot import RobotSlot, stamp_problem
 
 INLINE_MAX_BYTES = 1 << 20  # a 640x480 rgb8 frame (921,600 bytes) is converted inline
@@ -57,9 +69,13 @@ class CameraInput:
         now_ns: Callable[[], int],
         refuse: Refuse,
         on_new: Callable[[], Any],
+        max_decode_s: float = DEFAULT_MAX_DECODE_S,
+        model_image_size: Callable[[str], int | None] = lambda robot_id: None,
     ) -> None:
         self._slots = slots
         self._max_pixels = max_pixels
+        self._max_decode_s = max_decode_s
+        self._model_image_size = model_image_size
         self._max_future_ns = round(max_future_stamp_s * NS_PER_S)
         self._now_ns = now_ns
         self._refuse = refuse
@@ -75,9 +91,20 @@ class CameraInput:
         if problem is not None:
             self._refuse(slot, FailureReason.MALFORMED_IMAGE, problem, stamp, now)
             return
-        convert = compressed_to_rgb if compressed else image_to_rgb
-        job = functools.partial(convert, msg, max_pixels=self._max_pixels)
-        inline = not compressed and len(msg.data) <= INLINE_MAX_BYTES
+        size = self._model_image_size(slot.robot_id)
+        job = functools.partial(
+            convert_for_model,
+            msg,
+            compressed=compressed,
+            max_pixels=self._max_pixels,
+            max_decode_s=self._max_decode_s,
+            size=size,
+        )
+        inline = (
+            not compressed
+            and len(msg.data) <= INLINE_MAX_BYTES
+            and (size is None or int(msg.height) * int(msg.width) <= size * size)
+        )
         times = dict(stamp_ns=stamp, received_ns=now, camera=camera)
         if inline and not self.intake.holds(slot.robot_id, camera):
             self._offer(slot, run_conversion(slot.robot_id, job, **times))
@@ -115,3 +142,21 @@ class CameraInput:
             ),
             converted.camera,
         )
+
+
+def convert_for_model(
+    msg, *, compressed: bool, max_pixels: int, max_decode_s: float, size: int | None
+):
+    """The RGB image of ``msg`` reduced to ``size`` x ``size`` when larger (``model_input``);
+    a compressed one decoded within ``max_decode_s``, a JPEG at the scale ``size`` needs.
+
+    Raises:
+        ConversionError: what the conversion refused.
+    """
+    if compressed:
+        rgb = compressed_to_rgb(
+            msg, max_pixels=max_pixels, max_decode_s=max_decode_s, draft_size=size
+        )
+    else:
+        rgb = image_to_rgb(msg, max_pixels=max_pixels)
+    return reduce_to_model_input(rgb, size)

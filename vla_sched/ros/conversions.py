@@ -9,7 +9,9 @@ NumPy 2, and decodes ``16UC1`` as 8-bit. So the node accepts ``rgb8``, ``bgr8`` 
 Compressed images are sized from their header before anything is decoded: a PNG's IHDR chunk
 or a JPEG's SOFn marker states the width and height, and an image declaring more than the
 limit is refused without allocating anything it declares (a few hundred bytes of PNG can
-declare 12000 x 12000 pixels). Data that is neither PNG nor JPEG is refused undecoded.
+declare 12000 x 12000 pixels). Data that is neither PNG nor JPEG is refused undecoded. The
+rest is decoded by Pillow within a time bound, a JPEG at the scale the model needs
+(``image_decode``).
 
 Every refusal raises ``ConversionError`` (or a subclass) whose message names the field.
 """
@@ -19,17 +21,21 @@ from __future__ import annotations
 import functools
 import math
 import struct
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 
-import cv2
 import numpy as np
 from builtin_interfaces.msg import Duration, Time
 from cv_bridge import CvBridge, CvBridgeError
 from sensor_msgs.msg import CompressedImage, Image, JointState
 
+from vla_sched.ros.image_decode import DecodeError, decode_bounded
+
 ACCEPTED_ENCODINGS = {'rgb8': 3, 'bgr8': 3, 'mono8': 1}
 ACCEPTED_COMPRESSED_FORMATS = ('jpeg', 'jpg', 'png')
 DEFAULT_MAX_IMAGE_PIXELS = 4096 * 4096
+DEFAULT_MAX_DECODE_S = 0.5
+_DCT_SCALES = (1, 2, 4, 8)  # the JPEG decoding scales (libjpeg's DCT scaling) used
 PNG_SIGNATURE = b'\x89PNG\r\n\x1a\n'
 JPEG_SOI = b'\xff\xd8'
 # SOFn markers carry the frame size; C4 (DHT), C8 (JPG) and CC (DAC) share the range but not.
@@ -200,16 +206,23 @@ def compressed_size(data: bytes | memoryview) -> tuple[str, int, int]:
 
 
 def compressed_to_rgb(
-    msg: CompressedImage, *, max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
+    msg: CompressedImage,
+    *,
+    max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
+    max_decode_s: float = DEFAULT_MAX_DECODE_S,
+    draft_size: int | None = None,
+    clock: Callable[[], float] = time.monotonic,
 ) -> np.ndarray:
     """Convert a JPEG or PNG ``sensor_msgs/CompressedImage`` to uint8 RGB ``[H, W, 3]``.
 
-    The size its header declares is checked against ``max_pixels`` before decoding.
+    The size its header declares is checked against ``max_pixels`` before decoding; the
+    decode is abandoned when it runs past ``max_decode_s``, and a JPEG is decoded at 1/2, 1/4
+    or 1/8 of its size when both sides stay at least ``draft_size`` (``image_decode``).
 
     Raises:
         ImageError: unknown format, neither PNG nor JPEG data, a malformed header, a
-            declared size over ``max_pixels``, undecodable data, or decoded pixels that
-            differ from the declared size.
+            declared size over ``max_pixels``, undecodable data, a decode past the bound, or
+            decoded pixels that differ from the declared size (at its decoding scale).
     """
     kind = msg.format.split(';')[0].strip().lower()
     if kind not in ACCEPTED_COMPRESSED_FORMATS and not kind.startswith(('rgb8', 'bgr8')):
@@ -226,17 +239,22 @@ def compressed_to_rgb(
             f'limits.max_image_pixels is {max_pixels}'
         )
     try:
-        rgb = _bridge().compressed_imgmsg_to_cv2(msg, desired_encoding='rgb8')
-    except (CvBridgeError, cv2.error) as exc:
-        raise ImageError(f'compressed image cannot be decoded: {exc}') from exc
-    if rgb is None or rgb.ndim != 3 or rgb.shape[2] != 3:
-        raise ImageError('compressed image did not decode to a colour image')
-    if rgb.shape[:2] != (height, width):
+        rgb = decode_bounded(
+            bytes(msg.data),
+            kind=data_kind,
+            max_decode_s=max_decode_s,
+            draft_size=draft_size,
+            clock=clock,
+        )
+    except DecodeError as exc:
+        raise ImageError(str(exc)) from exc
+    scaled = {(-(-height // s), -(-width // s)) for s in _DCT_SCALES}
+    if rgb.shape[:2] not in scaled or (draft_size is None and rgb.shape[:2] != (height, width)):
         raise ImageError(
             f'{data_kind} decoded to {rgb.shape[1]}x{rgb.shape[0]}, its header declares '
             f'{width}x{height}'
         )
-    return np.ascontiguousarray(rgb, dtype=np.uint8)
+    return rgb
 
 
 def rgb_to_image(rgb: np.ndarray, *, stamp=None, frame_id: str = '') -> Image:

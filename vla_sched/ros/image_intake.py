@@ -4,12 +4,15 @@ Decoding a compressed image (or repacking a raw one) can take long; done in a su
 callback it would hold the executor that publishes chunks, /diagnostics and the engine
 heartbeat for every robot. ``ImageIntake`` runs the conversions on a few worker threads:
 
-- each camera of a robot has at most one image waiting; a newer one replaces it (``submit``
-  says so, so the caller counts the older as superseded), which bounds the memory held per
-  camera;
+- each camera of a robot has at most one image waiting; a newer one replaces it in its place
+  in the queue (``submit`` says so, so the caller counts the older as superseded), which
+  bounds the memory held per camera;
 - each camera has at most one image in conversion, so its results come back in arrival order;
-- waiting cameras are served in the order their images arrived, so a camera whose images are
-  slow to convert delays the others by at most one conversion per worker;
+- cameras are served round-robin: a camera joins the back of the queue when an image of it
+  starts waiting and keeps its place while newer images replace that one, so a camera whose
+  images come often is never pushed behind a slow camera's next image, and a camera whose
+  images are slow to convert delays each other camera by at most one conversion per worker
+  (which ``limits.max_decode_s`` bounds: ``conversions``);
 - a conversion that raises becomes an error result; the workers never stop on one.
 
 ``run_conversion`` runs one conversion the same way on the caller's thread, for an image too
@@ -106,8 +109,8 @@ class ImageIntake:
         with self._lock:
             if self._closed:
                 raise RuntimeError('image intake is closed')
-            replaced = self._waiting.pop(job.source, None) is not None
-            self._waiting[job.source] = job  # a replacement queues behind the others
+            replaced = job.source in self._waiting
+            self._waiting[job.source] = job  # a replacement keeps the replaced one's place
             self._lock.notify()
         return replaced
 

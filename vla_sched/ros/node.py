@@ -75,6 +75,7 @@ from vla_sched.ros.conversions import (
     stamp_to_ns,
 )
 from vla_sched.ros.engine_link import EngineLink, EngineView, engine_clock
+from vla_sched.ros.model_input import model_image_sizes
 from vla_sched.ros.node_config import ConfigError, FrontendConfig
 from vla_sched.ros.outcomes import Outcomes
 from vla_sched.ros.robot_slot import Refusal, RobotSlot
@@ -173,6 +174,11 @@ class VlaSchedNode(LifecycleNode):
             now_ns=self._now_ns,
             refuse=self.outcomes.refuse,
             on_new=self._dispatch,
+            max_decode_s=self.config.max_decode_s,
+            model_image_size=model_image_sizes(
+                lambda: self.link.info if self.link is not None else None,
+                self.config.engine_config(),
+            ),
         )
         for rid, slot in self.slots.items():
             self.topics[rid] = RobotTopics(
@@ -417,10 +423,11 @@ class VlaSchedNode(LifecycleNode):
         budget_ns = round(self.config.step_budget_s * 1e9)
         next_due_ns = None
         for slot in self.slots.values():
+            expires_ns = self._expire_flight(slot, now)
             if not slot.is_due(now):
-                due_ns = slot.due_at_ns()
-                if due_ns is not None and (next_due_ns is None or due_ns < next_due_ns):
-                    next_due_ns = due_ns
+                for due_ns in (slot.due_at_ns(), expires_ns):
+                    if due_ns is not None and (next_due_ns is None or due_ns < next_due_ns):
+                        next_due_ns = due_ns
                 continue
             step = slot.take_step(
                 now,
@@ -446,6 +453,24 @@ class VlaSchedNode(LifecycleNode):
             else:
                 self._send(slot, step, now)
         self._arm_due_timer(next_due_ns, now)
+
+    def _expire_flight(self, slot: RobotSlot, now: int) -> int | None:
+        """Give up the robot's step in flight if the engine has not answered it by its
+        deadline plus ``deadlines.engine_timeout_margin_s`` (refused with ENGINE_TIMEOUT; the
+        robot is free for its next step); else when that will be (None: nothing in flight)."""
+        margin_s = self.config.engine_timeout_margin_s
+        expires_ns = slot.flight_expires_at_ns(round(margin_s * 1e9))
+        if expires_ns is None or now < expires_ns:
+            return expires_ns
+        late_s = (now - slot.in_flight.deadline_ns) / 1e9
+        self.outcomes.abandon(
+            slot,
+            FailureReason.ENGINE_TIMEOUT,
+            f'the engine did not answer this step {late_s:.2f} s past its deadline '
+            f'(deadlines.engine_timeout_margin_s = {margin_s:g} s): step given up',
+            now,
+        )
+        return None
 
     def _inactive_detail(self) -> str:
         state = self.lifecycle_state
