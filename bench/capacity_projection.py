@@ -67,9 +67,10 @@ from bench.lib.cost_model import (
 )
 from bench.lib.fleets import FleetTiming
 from bench.lib.simulation import OneAtATimeServer, SimServer, SimulatedEngine, serve_robots
+from vla_sched.engine.assembly import scheduler_config_for
+from vla_sched.engine.checkpoints import open_served
 from vla_sched.engine.config import EngineConfig
-from vla_sched.engine.scheduled_core import scheduler_config_for
-from vla_sched.engine.step_translator import StepTranslator
+from vla_sched.model.families.openvla.steps import StepTranslator
 from vla_sched.testing.sim_runner import HardwareCostModel
 
 ONE_AT_A_TIME = 'one-at-a-time'
@@ -123,7 +124,7 @@ def openvla_translator(workdir: Path) -> StepTranslator:
     """The engine's step translator for OpenVLA's prompts: of a tiny OpenVLA folder written
     into ``workdir`` (its prompt layout is the 7B's; the cost model has the 7B's sizes)."""
     folder = write_openvla_folder(workdir / 'openvla-tiny', tiny=True, num_shards=1)
-    return StepTranslator.from_checkpoint(folder, EngineConfig())
+    return open_served(folder, EngineConfig()).translator
 
 
 def projection_servers(

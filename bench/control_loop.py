@@ -520,7 +520,7 @@ def plan_from_args(args: argparse.Namespace) -> LoopPlan:
 def write_oft_pair(folder: Path) -> tuple[str, str]:
     """A tiny OpenVLA folder and a tiny OpenVLA-OFT folder on the same base weights (the
     OFT one with the LIBERO preset's shapes) in ``folder``: their paths."""
-    from vla_sched.model.config.openvla_oft import oft_preset
+    from vla_sched.model.families.openvla_oft.checkpoint import oft_preset
     from vla_sched.testing.openvla_oft_writer import OFT_DATASET, write_openvla_oft_checkpoint
     from vla_sched.testing.openvla_writer import write_openvla_checkpoint
 

@@ -57,9 +57,9 @@ from bench.lib.capacity import (
 from bench.lib.fleets import Fleet, FleetTiming, robot_index, step_request
 from bench.lib.stats import percentile
 from bench.lib.tables import markdown_table as render_table
+from vla_sched.engine.assembly import assemble_core
 from vla_sched.engine.config import EngineConfig
-from vla_sched.engine.device_choice import pick_device_and_dtype
-from vla_sched.engine.scheduled_core import ScheduledCore, scheduler_config_for
+from vla_sched.engine.scheduled_core import ScheduledCore
 from vla_sched.ipc.messages import StepFailure, StepRequest, StepResult
 
 INSTRUCTION = 'pick up the red block'
@@ -87,13 +87,13 @@ def make_core(
         late_policy='deliver_late',
         max_running_requests=max_running_requests,
     )
-    scheduler_config = None
+    parts = assemble_core(config)
     if mixed_passes is not None:
-        device_type = pick_device_and_dtype(config)[0].type
         scheduler_config = dataclasses.replace(
-            scheduler_config_for(config, device_type), enable_mixed_chunk=mixed_passes
+            parts.scheduler_config, enable_mixed_chunk=mixed_passes
         )
-    return ScheduledCore.from_config(config, scheduler_config=scheduler_config)
+        parts = dataclasses.replace(parts, scheduler_config=scheduler_config)
+    return ScheduledCore(parts)
 
 
 def fresh_frame(seed: int, size: int = FRAME_SIZE) -> np.ndarray:

@@ -16,6 +16,7 @@ model's time is its whole ``step`` (one ``generate`` call).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import time
@@ -25,6 +26,7 @@ from bench.lib.fleets import FrameSource, robot_index, step_request
 from bench.lib.stats import percentile
 from bench.lib.tables import markdown_table
 from bench.scheduler_cost import StopWatch, TimedRunner
+from vla_sched.engine.assembly import assemble_core
 from vla_sched.engine.config import CORES, EngineConfig
 from vla_sched.engine.scheduled_core import ScheduledCore
 from vla_sched.engine.sequential_core import SequentialCore
@@ -58,7 +60,8 @@ def measure(
     )
     model, stepping, frames = StopWatch(), StopWatch(), StopWatch()
     if core_name == 'scheduled':
-        core = ScheduledCore.from_config(config, wrap_runner=lambda r: TimedRunner(r, model))
+        parts = assemble_core(config)
+        core = ScheduledCore(dataclasses.replace(parts, runner=TimedRunner(parts.runner, model)))
         step = stepping.wrap(core.step)
     else:
         core = SequentialCore.from_config(config)

@@ -47,8 +47,9 @@ from bench.scheduler_cost import release_device_memory
 from vla_sched.core.forward_batch import ForwardBatch, ForwardMode
 from vla_sched.core.scheduling.request import FinishKind, Req
 from vla_sched.core.scheduling.scheduler_config import PrefillDelayerConfig, SchedulerConfig
+from vla_sched.engine.assembly import assemble_core
 from vla_sched.engine.config import EngineConfig
-from vla_sched.engine.scheduled_core import ScheduledCore, scheduler_config_for
+from vla_sched.engine.scheduled_core import ScheduledCore
 from vla_sched.testing.sim_runner import StepRecord
 
 VARIANTS = ('sglang', 'delayer', 'chunked', 'delayer+chunked', 'engine default', 'unmixed')
@@ -146,10 +147,13 @@ class JumpRun:
             self.recorder = LaunchRecorder(runner, on_cpu=device_type == 'cpu', hold=hold)
             return self.recorder
 
-        self.core = ScheduledCore.from_config(
-            config,
-            scheduler_config=variant.apply(scheduler_config_for(config, device_type)),
-            wrap_runner=wrap,
+        parts = assemble_core(config)
+        self.core = ScheduledCore(
+            dataclasses.replace(
+                parts,
+                scheduler_config=variant.apply(parts.scheduler_config),
+                runner=wrap(parts.runner),
+            )
         )
 
     def _next_idle_image(self) -> int | None:

@@ -69,7 +69,7 @@ def measure(layout: str, config: EngineConfig, *, num_robots: int, num_steps: in
                     if seq > 0:
                         later.append(out)
                 core.check_integrity()
-        layout_of = core.translator.prompts.build(INSTRUCTIONS[0])
+        layout_of = core.served.translator.prompts.build(INSTRUCTIONS[0])
         stats = core.stats(time.time_ns())
         cached = float(np.mean([r.num_cached_prefix_tokens for r in later]))
         sessions = [s.num_cached_session_prefix_tokens for s in stats.robots.values()]

@@ -51,8 +51,9 @@ from vla_sched.core.memory.pages import round_up_to_page
 from vla_sched.core.scheduling.scheduler import Scheduler
 from vla_sched.core.scheduling.scheduler_config import SchedulerConfig
 from vla_sched.engine.config import EngineConfig
-from vla_sched.engine.core_stats import num_state_values
-from vla_sched.engine.step_translator import StepTranslator, TranslatedStep
+from vla_sched.model.families.openvla.family import num_state_values
+from vla_sched.model.families.openvla.steps import StepTranslator
+from vla_sched.model.families.protocol import TranslatedStep
 
 RUNNERS = ('null', 'model')
 PAGE_SIZE = 16
@@ -286,10 +287,10 @@ def release_device_memory() -> None:
 
 
 def run(args: argparse.Namespace) -> list[CostPoint]:
-    from vla_sched.engine.checkpoints import resolve_checkpoint
+    from vla_sched.engine.checkpoints import open_served, resolve_checkpoint
 
     folder, _ = resolve_checkpoint(args.model_path)
-    translator = StepTranslator.from_checkpoint(folder, EngineConfig(model_path=args.model_path))
+    translator = open_served(folder, EngineConfig(model_path=args.model_path)).translator
     layout = translator.prompts.build(INSTRUCTION)
     factories: dict[str, Callable[[KVMemory], Any]] = {'null': lambda memory: NullRunner()}
     if 'model' in args.runners:

@@ -41,9 +41,9 @@ from vla_sched.core.scheduling.scheduler_config import (
     PrefillDelayerConfig,
     SchedulerConfig,
 )
-from vla_sched.engine.checkpoints import resolve_checkpoint
+from vla_sched.engine.checkpoints import open_served, resolve_checkpoint
 from vla_sched.engine.config import EngineConfig
-from vla_sched.engine.step_translator import StepTranslator
+from vla_sched.model.families.openvla.steps import StepTranslator
 from vla_sched.testing.sim_runner import CostModel
 
 MS = 1_000_000
@@ -223,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)  # tiny index tensors: a thread pool only adds overhead
     scenario, variants, model_path = parse_args(argv)
     folder, _ = resolve_checkpoint(model_path)
-    translator = StepTranslator.from_checkpoint(folder, EngineConfig(model_path=model_path))
+    translator = open_served(folder, EngineConfig(model_path=model_path)).translator
     layout = translator.prompts.build('pick up the red block')
     print(
         f'{scenario.num_robots} robots at {1 / scenario.timing.period_s:g} Hz, '

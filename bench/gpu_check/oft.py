@@ -72,7 +72,7 @@ GRAPHS_TOLERANCE = {'bfloat16': 5e-2, 'float32': 1e-4}
 def run(ctx: PartContext) -> dict[str, Any]:
     from bench.lib.oft_checkpoints import oft_folder_once
     from bench.lib.oft_cost import oft_checkpoint_shape, robots_at_period
-    from vla_sched.model.config.openvla_oft import oft_preset
+    from vla_sched.model.families.openvla_oft.checkpoint import oft_preset
 
     ctx.require_cuda()
     settings = oft_preset(PRESET)
@@ -86,7 +86,7 @@ def run(ctx: PartContext) -> dict[str, Any]:
     core = make_oft_core(str(folder), device=ctx.device)
     load_s = time.monotonic() - started
     runner = core.scheduler.runner
-    prompt = core.translator.prompts.build(INSTRUCTION)
+    prompt = core.served.translator.prompts.build(INSTRUCTION)
     plan = oft_paced_plan(ctx.dry_run)
     shape = oft_checkpoint_shape(
         folder, settings, seq_len=len(prompt.token_ids), bytes_per_param=ctx.dtype.itemsize
@@ -134,7 +134,7 @@ def measure_passes(ctx: PartContext, runner, prompt, shape, rates, data: dict) -
     runner and one robot's eager. Both runners are dropped on return (and their graphs'
     pool with them)."""
     from bench.lib.oft_pass import runner_beside
-    from vla_sched.model.runner.oft_passes import OFTPassSizes
+    from vla_sched.model.families.openvla_oft.passes import OFTPassSizes
 
     counts = DRY_RUN_ROBOT_COUNTS if ctx.dry_run else ROBOT_COUNTS
     seq_len = len(prompt.token_ids)

@@ -20,13 +20,13 @@ import torch
 
 from vla_sched.model.config.action_space import ACTION_STATISTICS_FILE
 from vla_sched.model.config.openvla import openvla_text_config
-from vla_sched.model.config.openvla_oft import (
+from vla_sched.model.families.openvla_oft.checkpoint import (
     ACTION_HEAD_COMPONENT,
     OPENVLA_OFT_COMPONENTS,
     PROPRIO_PROJECTOR_COMPONENT,
     OFTSettings,
 )
-from vla_sched.model.loading.openvla_oft_weights import (
+from vla_sched.model.families.openvla_oft.weights import (
     action_head_shapes,
     proprio_projector_shapes,
 )

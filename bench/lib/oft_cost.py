@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.lib.cost_model import DeviceRates, openvla_shape
-from vla_sched.model.config.openvla_oft import OFTSettings
+from vla_sched.model.families.openvla_oft.checkpoint import OFTSettings
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,7 +84,7 @@ def oft_shape(
     """The shape of an OFT checkpoint on the OpenVLA ``config.json`` ``config``, served with
     ``settings``, whose step sequences are ``seq_len`` positions long."""
     from vla_sched.model.config.openvla import openvla_architecture
-    from vla_sched.model.loading.openvla_oft_weights import (
+    from vla_sched.model.families.openvla_oft.weights import (
         action_head_shapes,
         proprio_projector_shapes,
     )

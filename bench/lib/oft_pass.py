@@ -21,10 +21,10 @@ import numpy as np
 import torch
 
 from vla_sched.core.forward_batch import ForwardBatch, ForwardMode, ImageInput, SamplingParams
-from vla_sched.model.prompting.oft_prompt import OFTPrompt
-from vla_sched.model.runner.action_chunk_runner import ParallelActionRunner
-from vla_sched.model.runner.oft_graphs import NUM_OFT_PADDING_SLOTS
-from vla_sched.model.runner.oft_passes import OFTPassSizes
+from vla_sched.model.families.openvla_oft.graphs import NUM_OFT_PADDING_SLOTS
+from vla_sched.model.families.openvla_oft.passes import OFTPassSizes
+from vla_sched.model.families.openvla_oft.prompt import OFTPrompt
+from vla_sched.model.families.openvla_oft.runner import ParallelActionRunner
 from vla_sched.model.runner.padding_stats import PaddingStats
 
 # A prefill-only request samples nothing; its sampling range is never read.

@@ -35,10 +35,10 @@ from vla_sched.core.memory.pages import round_up_to_page
 from vla_sched.core.scheduling.request import FinishKind, Req
 from vla_sched.core.scheduling.scheduler import Scheduler
 from vla_sched.core.scheduling.scheduler_config import SchedulerConfig
+from vla_sched.engine.assembly import scheduler_config_for
 from vla_sched.engine.config import EngineConfig
-from vla_sched.engine.core_stats import num_state_values
-from vla_sched.engine.scheduled_core import scheduler_config_for
-from vla_sched.engine.step_translator import StepTranslator
+from vla_sched.model.families.openvla.family import num_state_values
+from vla_sched.model.families.openvla.steps import StepTranslator
 from vla_sched.testing.sim_runner import SimClock, SimRunner, StepCost
 
 

@@ -15,8 +15,8 @@ from bench.lib import cost_model
 from bench.lib.capacity import CapacityCriteria
 from bench.lib.fleets import FleetTiming
 from bench.lib.simulation import OneAtATimeServer, serve_robots
+from vla_sched.engine.assembly import scheduler_config_for
 from vla_sched.engine.config import EngineConfig
-from vla_sched.engine.scheduled_core import scheduler_config_for
 
 
 @pytest.fixture(scope='module')

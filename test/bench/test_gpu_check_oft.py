@@ -15,13 +15,13 @@ from bench.lib.device_timing import MeasuredRates
 from bench.lib.oft_checkpoints import oft_folder_once, write_oft_folder_from_openvla
 from bench.lib.oft_cost import OFTShape, oft_pass_floor, oft_shape, robots_at_period
 from bench.lib.oft_pass import oft_relative_error, runner_beside, time_oft_pass
-from vla_sched.model.config.openvla_oft import oft_preset
 from vla_sched.model.config.presets import openvla_config
-from vla_sched.model.loading.oft_model import load_oft_checkpoint
-from vla_sched.model.prompting.oft_prompt import OFTPromptBuilder
-from vla_sched.model.runner.action_chunk_runner import ParallelActionRunner
-from vla_sched.model.runner.oft_graphs import NUM_OFT_PADDING_SLOTS
-from vla_sched.model.runner.oft_passes import OFTPassSizes
+from vla_sched.model.families.openvla_oft.checkpoint import oft_preset
+from vla_sched.model.families.openvla_oft.graphs import NUM_OFT_PADDING_SLOTS
+from vla_sched.model.families.openvla_oft.model import load_oft_checkpoint
+from vla_sched.model.families.openvla_oft.passes import OFTPassSizes
+from vla_sched.model.families.openvla_oft.prompt import OFTPromptBuilder
+from vla_sched.model.families.openvla_oft.runner import ParallelActionRunner
 from vla_sched.model.runner.padding_stats import PaddingStats
 from vla_sched.testing.openvla_oft_writer import OFT_DATASET
 from vla_sched.testing.openvla_writer import write_openvla_checkpoint

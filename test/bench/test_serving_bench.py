@@ -181,7 +181,7 @@ def test_openvla_shaped_checkpoint_is_served_by_both_engine_cores(tmp_path):
     from vla_sched.engine.config import EngineConfig
     from vla_sched.engine.core_factory import build_core
     from vla_sched.ipc.messages import StepResult
-    from vla_sched.model.prompting.prompt import VLAPromptBuilder
+    from vla_sched.model.families.openvla.prompt import VLAPromptBuilder
 
     folder = write_openvla_folder(tmp_path / 'ckpt', tiny=True, num_shards=2)
     layout = VLAPromptBuilder.from_checkpoint(folder).build('pick up the block')
@@ -249,7 +249,7 @@ def test_engine_paced_judges_each_count_by_the_capacity_rule(tmp_path):
 
 
 def test_engine_paced_sets_mixed_passes_in_the_scheduler_settings_it_builds_the_core_with():
-    from vla_sched.engine.scheduled_core import scheduler_config_for
+    from vla_sched.engine.assembly import scheduler_config_for
 
     paced = _bench('engine_paced')
     for mixed in (True, False):

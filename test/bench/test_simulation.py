@@ -10,9 +10,9 @@ import torch
 from bench.lib.fleets import Fleet, FleetTiming
 from bench.lib.itl import ItlSummary, itl_gaps
 from bench.lib.simulation import OneAtATimeServer, SimulatedEngine, run_fleet, serve_robots
-from vla_sched.engine.checkpoints import resolve_checkpoint
+from vla_sched.engine.checkpoints import open_served, resolve_checkpoint
 from vla_sched.engine.config import EngineConfig
-from vla_sched.engine.step_translator import StepTranslator
+from vla_sched.model.families.openvla.steps import StepTranslator
 from vla_sched.testing.sim_runner import CostModel
 
 MS = 1_000_000
@@ -23,7 +23,7 @@ TIMING = FleetTiming(period_s=0.1, budget_s=0.5, warmup_s=0.2, duration_s=1.0, p
 def translator() -> StepTranslator:
     torch.set_num_threads(1)
     folder, _ = resolve_checkpoint('')
-    return StepTranslator.from_checkpoint(folder, EngineConfig())
+    return open_served(folder, EngineConfig()).translator
 
 
 def test_one_at_a_time_serves_every_image_while_steps_fit_the_period_and_falls_behind_after():

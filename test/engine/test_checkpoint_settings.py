@@ -12,15 +12,15 @@ import pytest
 from vla_sched.engine.checkpoints import (
     ModelPathError,
     check_model_path,
-    decodes_whole_vocab,
-    read_configured_spec,
+    family_options,
 )
 from vla_sched.engine.config import EngineConfig, EngineConfigError
 from vla_sched.engine.scheduled_core import ScheduledCore
 from vla_sched.engine.sequential_core import SequentialCore
 from vla_sched.ipc.messages import StepRequest, StepResult
 from vla_sched.model.config.formats import read_checkpoint_spec
-from vla_sched.model.prompting.action_tokenizer import ActionChunkDecoder
+from vla_sched.model.families.openvla.action_tokenizer import ActionChunkDecoder
+from vla_sched.model.families.openvla.family import decodes_whole_vocab, read_spec
 
 
 def _openvla_folder(folder, datasets):
@@ -76,7 +76,7 @@ def test_both_cores_refuse_before_loading_anything(several, core):
 
 
 def test_the_unnorm_key_setting_selects_the_statistics(several):
-    spec = read_configured_spec(several, EngineConfig(unnorm_key='kuka'))
+    spec = read_spec(several, family_options(EngineConfig(unnorm_key='kuka')))
     assert spec.unnorm_key == 'kuka'
     assert ActionChunkDecoder.for_checkpoint(spec).statistics is spec.action_statistics['kuka']
 
@@ -86,10 +86,12 @@ def test_auto_decoding_is_the_checkpoints_own_and_the_setting_overrides_it(sever
 
     openvla = read_checkpoint_spec(several)
     llava = read_checkpoint_spec(build_tiny_checkpoint(tmp_path / 'tiny'))
-    auto = EngineConfig()
+    auto = family_options(EngineConfig())
     assert decodes_whole_vocab(auto, openvla) and not decodes_whole_vocab(auto, llava)
-    assert decodes_whole_vocab(EngineConfig(action_decoding='whole_vocab'), llava)
-    assert not decodes_whole_vocab(EngineConfig(action_decoding='action_range'), openvla)
+    whole = family_options(EngineConfig(action_decoding='whole_vocab'))
+    assert decodes_whole_vocab(whole, llava)
+    in_range = family_options(EngineConfig(action_decoding='action_range'))
+    assert not decodes_whole_vocab(in_range, openvla)
     with pytest.raises(EngineConfigError, match='action_decoding'):
         EngineConfig(action_decoding='beam')
 
@@ -111,7 +113,7 @@ def test_whole_vocab_decoding_samples_every_id_and_clips_into_the_bins():
     try:
         assert core.submit(_request(1), time.time_ns()) == []
         sampling = core.scheduler.waiting_queue[0].sampling
-        vocab = core.spec.decoder.vocab_size
+        vocab = core.served.spec.decoder.vocab_size
         assert (sampling.allowed_token_start, sampling.allowed_token_end) == (0, vocab)
         out = []
         for _ in range(200):
@@ -120,7 +122,7 @@ def test_whole_vocab_decoding_samples_every_id_and_clips_into_the_bins():
             out += core.step(time.time_ns())
         (result,) = out
         assert isinstance(result, StepResult)
-        stats = core.decoder.statistics
+        stats = core.served.decoder.statistics
         low = stats.unnormalize(np.full(stats.action_dim, -1.0))
         high = stats.unnormalize(np.full(stats.action_dim, 1.0))
         assert np.all((result.actions >= low - 1e-6) & (result.actions <= high + 1e-6))

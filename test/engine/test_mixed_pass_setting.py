@@ -3,8 +3,8 @@ setting."""
 
 from __future__ import annotations
 
+from vla_sched.engine.assembly import scheduler_config_for
 from vla_sched.engine.config import EngineConfig
-from vla_sched.engine.scheduled_core import scheduler_config_for
 
 
 def test_mixed_passes_run_on_the_cpu_and_on_a_gpu_with_cuda_graphs():

@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from vla_sched.core.forward_batch import ForwardMode
+from vla_sched.engine.assembly import assemble_core, scheduler_config_for
 from vla_sched.engine.config import EngineConfig
-from vla_sched.engine.scheduled_core import ScheduledCore, scheduler_config_for
+from vla_sched.engine.scheduled_core import ScheduledCore
 from vla_sched.ipc.messages import FailureReason, StepFailure, StepRequest, StepResult
 
 pytestmark = pytest.mark.slow
@@ -98,7 +99,7 @@ def test_a_new_instruction_swaps_the_session_prefix(core):
     (out,) = _drain(core)
     assert isinstance(out, StepResult)
     (session,) = [s for s in core.scheduler.sessions() if s.robot_id == 'r7']
-    prefix = core.translator.prompts.build('open the drawer').token_ids
+    prefix = core.served.translator.prompts.build('open the drawer').token_ids
     assert session.prefix.token_ids.tolist() == list(prefix[: len(session.prefix.token_ids)])
     assert session.instruction_version == 2
     core.close_session('r7')
@@ -207,7 +208,7 @@ def test_no_burst_runs_while_a_step_waits_for_its_prefill():
         core.close()
 
 
-def test_a_given_scheduler_config_and_runner_wrapper_replace_the_derived_ones():
+def test_assembled_parts_given_another_scheduler_config_and_runner_are_served_as_given():
     config = EngineConfig(kv_pool_tokens=1024, page_size=16, chunked_prefill_size=64)
     derived = scheduler_config_for(config, 'cpu')
     chosen = dataclasses.replace(derived, num_continuous_decode_steps=1, enable_overlap=False)
@@ -221,7 +222,10 @@ def test_a_given_scheduler_config_and_runner_wrapper_replace_the_derived_ones():
             launches.append(batch.forward_mode)
             return self.runner.launch(batch)
 
-    core = ScheduledCore.from_config(config, scheduler_config=chosen, wrap_runner=Recorded)
+    parts = assemble_core(config)
+    core = ScheduledCore(
+        dataclasses.replace(parts, scheduler_config=chosen, runner=Recorded(parts.runner))
+    )
     try:
         assert core.scheduler.config is chosen
         assert isinstance(core.scheduler.runner, Recorded)

@@ -4,6 +4,7 @@ chunks the ParallelActionRunner gives for the same inputs built here independent
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import numpy as np
@@ -11,16 +12,17 @@ import pytest
 import torch
 
 from vla_sched.core.forward_batch import ForwardBatch, ForwardMode, ImageInput, SamplingParams
+from vla_sched.engine.assembly import assemble_core
 from vla_sched.engine.checkpoints import ModelPathError, check_model_path
 from vla_sched.engine.config import OFT_PRESET_CHOICES, EngineConfig, EngineConfigError
 from vla_sched.engine.scheduled_core import ScheduledCore
 from vla_sched.ipc.messages import FailureReason, StepFailure, StepRequest, StepResult
-from vla_sched.model.config.formats import read_checkpoint_spec
-from vla_sched.model.config.openvla_oft import OFT_PRESETS, oft_preset
+from vla_sched.model.families.openvla_oft.checkpoint import OFT_PRESETS, oft_preset, read_oft_spec
+from vla_sched.model.families.openvla_oft.family import oft_settings_of
+from vla_sched.model.families.openvla_oft.model import load_oft_checkpoint
+from vla_sched.model.families.openvla_oft.prompt import OFTPromptBuilder
+from vla_sched.model.families.openvla_oft.runner import ParallelActionRunner
 from vla_sched.model.layers.image_crop import center_crop_image
-from vla_sched.model.loading.oft_model import load_oft_checkpoint
-from vla_sched.model.prompting.oft_prompt import OFTPromptBuilder
-from vla_sched.model.runner.action_chunk_runner import ParallelActionRunner
 from vla_sched.testing.openvla_oft_writer import write_openvla_oft_checkpoint
 from vla_sched.testing.openvla_writer import write_openvla_checkpoint
 
@@ -56,7 +58,8 @@ def core(oft_dir):
         robots={CROPPED: {'center_crop': True}},
         kv_pool_tokens=8192,
     )
-    c = ScheduledCore.from_config(config, wrap_runner=RecordingRunner)
+    parts = assemble_core(config)
+    c = ScheduledCore(dataclasses.replace(parts, runner=RecordingRunner(parts.runner)))
     yield c
     c.close()
 
@@ -65,7 +68,7 @@ def core(oft_dir):
 def reference(oft_dir):
     """The runner's chunks for steps given as (instruction, images, state), on a model and
     prompts loaded here, on a slot table of its own."""
-    spec = read_checkpoint_spec(oft_dir, oft_settings=oft_preset('libero', center_crop=False))
+    spec = read_oft_spec(oft_dir, oft_preset('libero', center_crop=False))
     model = load_oft_checkpoint(oft_dir, spec=spec)
     prompts = OFTPromptBuilder.from_checkpoint(oft_dir, spec)
 
@@ -195,7 +198,8 @@ def test_a_robot_with_center_crop_gets_the_chunk_of_its_cropped_images(core, ref
 def test_a_pass_holds_several_of_the_longest_steps_a_row_takes(core):
     chunk = core.scheduler.config.chunked_prefill_size
     row = core.memory.config.max_context_len
-    longest = core.translator.prompts.build('x' * core.config.max_instruction_bytes).token_ids
+    prompts = core.served.translator.prompts
+    longest = prompts.build('x' * core.config.max_instruction_bytes).token_ids
     assert len(longest) <= row and chunk >= 4 * row and chunk % core.config.page_size == 0
 
 
@@ -205,7 +209,7 @@ def test_oft_settings_and_folders_that_disagree_are_refused_naming_the_parameter
     with pytest.raises(ModelPathError, match=r'OpenVLA-OFT checkpoint .*set engine\.oft_preset'):
         check_model_path(EngineConfig(model_path=str(oft_dir)))
     plain = write_openvla_checkpoint(tmp_path / 'plain', datasets=('libero',))
-    with pytest.raises(ModelPathError, match=r"engine\.oft_preset 'libero' is set but"):
+    with pytest.raises(ModelPathError, match=r'engine\.oft_preset set but .* openvla checkpoint'):
         check_model_path(EngineConfig(model_path=str(plain), oft_preset='libero'))
     with pytest.raises(ModelPathError, match=r'engine\.core sequential does not serve'):
         check_model_path(EngineConfig(model_path=str(oft_dir), oft_preset='libero',
@@ -221,5 +225,6 @@ def test_oft_overrides_need_a_preset_and_apply_to_its_settings():
         EngineConfig(oft_chunk_len=50)
     assert set(OFT_PRESET_CHOICES) == {'', *OFT_PRESETS}
     config = EngineConfig(oft_preset='aloha', oft_chunk_len=50, oft_use_proprio=False)
-    assert config.oft_settings() == oft_preset('aloha', chunk_len=50, use_proprio=False)
-    assert EngineConfig().oft_settings() is None
+    want = oft_preset('aloha', chunk_len=50, use_proprio=False)
+    assert oft_settings_of(config.to_mapping()) == want
+    assert oft_settings_of(EngineConfig().to_mapping()) is None

@@ -12,7 +12,7 @@ import torch
 from vla_sched.engine.config import EngineConfig
 from vla_sched.engine.sequential_core import SequentialCore
 from vla_sched.ipc.messages import StepRequest, StepResult
-from vla_sched.model.hf_openvla import HFOpenVLAPolicy
+from vla_sched.model.families.openvla.hf_openvla import HFOpenVLAPolicy
 from vla_sched.model.layers.image_crop import center_crop_image
 from vla_sched.testing.openvla_writer import write_openvla_checkpoint
 
@@ -50,13 +50,13 @@ def test_a_step_returns_openvlas_actions_for_the_chosen_dataset(folder):
     core = SequentialCore.from_config(config)
     assert core.info.prompt_layout.startswith('image first')
     seen = []  # the images the model gets
-    action_token_ids = core.openvla.action_token_ids
+    action_token_ids = core.baseline.openvla.action_token_ids
 
     def recording(image, *args, **kwargs):
         seen.append(image)
         return action_token_ids(image, *args, **kwargs)
 
-    core.openvla.action_token_ids = recording
+    core.baseline.openvla.action_token_ids = recording
     try:
         request = _request(1)
         result = _serve_one(core, request)
@@ -84,7 +84,7 @@ def test_action_range_decoding_also_serves_an_openvla_folder(folder):
     )  # fmt: skip
     core = SequentialCore.from_config(config)
     try:
-        assert not core.whole_vocab
+        assert not core.baseline.whole_vocab
         result = _serve_one(core, _request(2))
     finally:
         core.close()

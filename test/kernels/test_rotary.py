@@ -69,10 +69,15 @@ def test_rotary_twin_is_transformers_apply_rotary_pos_emb(dtype):
 
 
 def test_rotary_of_no_tokens_writes_nothing():
-    empty = torch.empty((0, 2, 8))
+    # No rows of a larger buffer: a launch over zero tokens must leave every row as it was.
+    storage = _qkv(4, 2, 8, torch.float32, seed=7)
+    before = storage.clone()
+    empty = storage[2:2]
     run_rotary_embedding(
         qk=empty, cos=torch.empty((0, 8)), signed_sin=torch.empty((0, 8)), backend='triton'
     )
+    assert empty.shape == (0, 2, 8)
+    torch.testing.assert_close(storage, before, rtol=0, atol=0)
 
 
 def test_rotary_rejects_tables_of_another_length():

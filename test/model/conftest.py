@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from vla_sched.model.families.openvla.prompt import VLAPromptBuilder
 from vla_sched.model.loading.checkpoint import load_checkpoint
 from vla_sched.model.loading.tiny_checkpoint import build_tiny_checkpoint
-from vla_sched.model.prompting.prompt import VLAPromptBuilder
 
 
 @pytest.fixture(scope='session')

@@ -5,10 +5,14 @@
                      model -> kernels
     core/scheduling -> core/memory
 
-Inside model/, each concern builds on those before it, as SGLang stacks configs < layers <
-model_loader < model_executor:
+Inside model/, each shared concern builds on those before it, as SGLang stacks configs <
+layers < model_loader < model_executor, and the model families sit on top of them, one
+folder each (vLLM's one module per model over shared layers):
 
-    model/config < model/prompting, model/layers < model/loading < model/runner
+    model/config < model/layers < model/loading < model/runner < model/families
+
+core/ and engine/ reach a family only through ``model.families.registry`` and
+``model.families.protocol``, never a family's own modules.
 
 ipc holds only messages, their codec, channels and heartbeats; it imports no other layer.
 vla_sched.testing (checkpoint writers, the simulated runner) is for tests and benchmarks:
@@ -28,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[2]
 _PRODUCT = {'vla_sched.ros', 'vla_sched.engine', 'vla_sched.ipc', 'vla_sched.core',
             'vla_sched.model', 'rclpy'}  # fmt: skip
 _ALL = _PRODUCT | {'vla_sched.testing'}
-_MODEL_ORDER = ('config', 'prompting', 'layers', 'loading', 'runner')
+_MODEL_ORDER = ('config', 'layers', 'loading', 'runner', 'families')
 # For each layer, the vla_sched subpackages and third-party modules it must never import.
 FORBIDDEN = {
     'vla_sched/ros': {'vla_sched.testing'},
@@ -40,13 +44,20 @@ FORBIDDEN = {
     'kernels': _ALL,
     **{
         f'vla_sched/model/{concern}': {
-            f'vla_sched.model.{above}' for above in (*_MODEL_ORDER[i + 1 :], 'hf_openvla')
+            f'vla_sched.model.{above}' for above in _MODEL_ORDER[i + 1 :]
         }
         for i, concern in enumerate(_MODEL_ORDER)
     },
 }
-# prompting and layers sit side by side: neither imports the other.
-FORBIDDEN['vla_sched/model/prompting'] |= {'vla_sched.model.layers'}
+# The families the registry lists, each a folder under model/families.
+FAMILIES = sorted(
+    p.name for p in (ROOT / 'vla_sched/model/families').iterdir() if (p / 'family.py').is_file()
+)
+# core/ and engine/ see a family only through the registry and the protocol.
+for _layer in ('vla_sched/engine', 'vla_sched/core'):
+    FORBIDDEN[_layer] = FORBIDDEN[_layer] | {
+        f'vla_sched.model.families.{family}' for family in FAMILIES
+    }
 ROS_MESSAGE_MODULES = (
     'std_msgs',
     'sensor_msgs',
@@ -85,6 +96,13 @@ def test_the_model_concerns_each_hold_a_package_in_the_order_they_build_on():
     model = ROOT / 'vla_sched' / 'model'
     packages = sorted(p.name for p in model.iterdir() if (p / '__init__.py').is_file())
     assert packages == sorted(_MODEL_ORDER)
+    assert sorted(p.name for p in model.glob('*.py')) == ['__init__.py']
+
+
+def test_every_family_folder_is_listed_by_the_registry_and_every_listed_one_exists():
+    from vla_sched.model.families.registry import FAMILY_NAMES
+
+    assert FAMILIES and sorted(FAMILY_NAMES) == FAMILIES
 
 
 def test_core_imports_with_rclpy_unavailable_and_no_cuda(tmp_path):

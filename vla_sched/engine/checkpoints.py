@@ -1,6 +1,5 @@
-"""Where the engine's checkpoint comes from (a folder, or the built-in tiny one), and how
-the engine's settings apply to it (``unnorm_key``, ``action_decoding``, the OpenVLA-OFT
-settings of ``oft_preset``)."""
+"""Where the engine's checkpoint comes from (a folder, or the built-in tiny one), which
+model family serves it, and whether the engine's settings suit it."""
 
 from __future__ import annotations
 
@@ -12,8 +11,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from vla_sched.engine.config import EngineConfig
-    from vla_sched.model.config.checkpoint_spec import CheckpointSpec
-    from vla_sched.model.config.openvla_oft import OFTCheckpointSpec
+    from vla_sched.model.families.protocol import FamilyOptions, ServedModel
 
 TINY_CHECKPOINT_NAME = 'tiny-vla-v1'
 
@@ -59,65 +57,74 @@ def resolve_checkpoint(model_path: str) -> tuple[Path, bool]:
     return folder, True
 
 
-def read_configured_spec(folder: Path, config: EngineConfig) -> CheckpointSpec | OFTCheckpointSpec:
-    """The folder's spec with the engine's ``unnorm_key`` applied (when set): an
-    ``OFTCheckpointSpec`` under an ``oft_preset`` (the folder must then be OpenVLA-OFT's)."""
-    from vla_sched.model.config.formats import read_checkpoint_spec
+def family_options(config: EngineConfig) -> FamilyOptions:
+    """The engine's settings as a model family reads them."""
+    from vla_sched.model.families.protocol import FamilyOptions
 
-    spec = read_checkpoint_spec(folder, oft_settings=config.oft_settings())
-    return spec.with_unnorm_key(config.unnorm_key) if config.unnorm_key else spec
+    return FamilyOptions(
+        settings=config.to_mapping(),
+        center_crop_robots=frozenset(r for r in config.robots if config.robot_center_crop(r)),
+    )
 
 
-def decodes_whole_vocab(config: EngineConfig, spec: CheckpointSpec) -> bool:
-    """Whether steps pick action ids over the whole vocabulary (then clipped into the bins,
-    OpenVLA's way) rather than only inside the action token range."""
-    choice = config.action_decoding
-    if choice == 'auto':
-        choice = spec.default_action_decoding
-    return choice == 'whole_vocab'
+def open_served(folder: Path, config: EngineConfig) -> ServedModel:
+    """The checkpoint in ``folder`` as its family serves it under ``config`` (the weights
+    load when the family builds its runner)."""
+    from vla_sched.model.families.registry import family_of
+
+    return family_of(folder).open(folder, family_options(config))
 
 
 def check_model_path(config: EngineConfig) -> None:
     """Check cheaply (JSON files only: no transformers, no torch) that the engine can serve
     ``config.model_path`` with ``config.unnorm_key``.
 
-    The folder must exist, its ``config.json`` name a supported model type, its action
-    statistics read, and ``unnorm_key`` name one of its datasets, or be empty for a
-    checkpoint with one dataset (or one whose ``vla_config.json`` names its own). An
-    OpenVLA-OFT folder needs ``oft_preset``, which any other folder refuses, and the
-    scheduled core (the sequential one runs transformers' ``generate``). The engine
-    reads the whole spec when it loads. Skipped for the built-in tiny checkpoint
-    (``model_path`` empty; an ``oft_preset`` is refused there).
+    The folder must exist and be of a known model family (``families.registry``), which
+    checks it under the engine's settings (its own settings, its action statistics);
+    ``unnorm_key`` must name one of its datasets, or be empty for a checkpoint with one
+    dataset (or one whose ``vla_config.json`` names its own). Settings owned by another
+    family are refused, and ``engine.core sequential`` for a family with no one-step
+    baseline. The engine reads the whole spec when it loads. For the built-in tiny
+    checkpoint (``model_path`` empty) only the settings of other families are refused.
 
     Raises:
         ModelPathError: naming the setting and what is wrong (the dataset names when the
             ``unnorm_key`` is missing or unknown).
     """
+    from vla_sched.model.families.protocol import FamilyError
+    from vla_sched.model.families.registry import family_of, foreign_settings, known_families
+
+    settings = config.to_mapping()
     if not config.model_path:
-        if config.oft_preset:
+        owned = [
+            f'engine.{name}'
+            for family in known_families()
+            for name, unset in family.owned_settings.items()
+            if settings.get(name, unset) != unset
+        ]
+        if owned:
             raise ModelPathError(
-                f'engine.oft_preset {config.oft_preset!r} is set but engine.model_path is '
-                'empty: the built-in tiny checkpoint is not OpenVLA-OFT'
+                f'{", ".join(owned)} set but engine.model_path is empty: the built-in tiny '
+                'checkpoint takes none of them'
             )
         return
-    from vla_sched.model.config.action_space import ActionStatisticsError
-    from vla_sched.model.config.architecture import UnsupportedArchitectureError
-    from vla_sched.model.config.checkpoint_spec import CheckpointError
-    from vla_sched.model.config.formats import read_dataset_choice
-
     folder = Path(config.model_path).expanduser()
-    _check_oft_preset(folder, config)
-    if config.oft_preset and config.core == 'sequential':
-        raise ModelPathError(
-            f'engine.core sequential does not serve OpenVLA-OFT (engine.oft_preset '
-            f'{config.oft_preset!r}): its steps run as one parallel pass, on engine.core '
-            'scheduled'
-        )
     try:
-        names, own_key = read_dataset_choice(folder, oft_settings=config.oft_settings())
-    except (CheckpointError, UnsupportedArchitectureError, ActionStatisticsError) as exc:
-        settings = ' (OpenVLA-OFT settings: engine.oft_*)' if config.oft_preset else ''
-        raise ModelPathError(f'engine.model_path {str(folder)!r}: {exc}{settings}') from None
+        family = family_of(folder)
+        foreign = foreign_settings(family, settings)
+        if foreign:
+            raise ModelPathError(
+                f'{", ".join(foreign)} set but engine.model_path {str(folder)!r} is a '
+                f'{family.name} checkpoint, which does not take them: leave them unset'
+            )
+        if config.core == 'sequential' and not family.has_one_step_baseline:
+            raise ModelPathError(
+                f'engine.core sequential does not serve {family.name} checkpoints '
+                f'(engine.model_path {str(folder)!r}): use engine.core scheduled'
+            )
+        names, own_key = family.check_folder(folder, family_options(config))
+    except FamilyError as exc:
+        raise ModelPathError(f'engine.model_path {str(folder)!r}: {exc}') from None
     key = config.unnorm_key
     if key and key not in names:
         raise ModelPathError(
@@ -127,27 +134,4 @@ def check_model_path(config: EngineConfig) -> None:
         raise ModelPathError(
             f'engine.unnorm_key is empty but {folder} holds the action statistics of '
             f'{len(names)} datasets: set it to one of {list(names)}'
-        )
-
-
-def _check_oft_preset(folder: Path, config: EngineConfig) -> None:
-    """Refuse an OpenVLA-OFT folder without ``engine.oft_preset`` and a preset for any other
-    folder, naming the parameter (the loader refuses both too, naming its own settings)."""
-    from vla_sched.model.config.openvla_oft import oft_component_files
-
-    if not folder.is_dir():
-        return  # read_dataset_choice names the missing folder
-    found = sorted(name for names in oft_component_files(folder).values() for name in names)
-    if found and not config.oft_preset:
-        raise ModelPathError(
-            f'engine.model_path {str(folder)!r} is an OpenVLA-OFT checkpoint (it holds '
-            f'{", ".join(found)}): set engine.oft_preset (libero, aloha or bridge), which gives '
-            'the chunk length, action and state sizes, normalization, cameras and center crop '
-            '(engine.oft_* override some of them)'
-        )
-    if config.oft_preset and not found:
-        raise ModelPathError(
-            f'engine.oft_preset {config.oft_preset!r} is set but engine.model_path '
-            f'{str(folder)!r} holds no OpenVLA-OFT component files (action_head--*checkpoint.pt)'
-            ': leave engine.oft_preset empty for a plain checkpoint'
         )

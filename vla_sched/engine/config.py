@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from vla_sched.core.scheduling.scheduler_config import (
     DEFAULT_CHUNKED_PREFILL_SIZE,
@@ -22,16 +22,14 @@ from vla_sched.core.scheduling.scheduler_config import (
 )
 from vla_sched.settings import check_settings, setting
 
-if TYPE_CHECKING:
-    from vla_sched.model.config.openvla_oft import OFTSettings
-
 DEVICES = ('auto', 'cpu', 'cuda')
 DTYPES = ('auto', 'float32', 'bfloat16', 'float16')
 CORES = ('scheduled', 'sequential')
 ENGINE_MODES = ('process', 'inprocess')
 ACTION_DECODINGS = ('auto', 'whole_vocab', 'action_range')
 ROBOT_KEYS = ('priority', 'center_crop')  # what ``EngineConfig.robots`` may say of a robot
-# OpenVLA-OFT platform presets (``model/config/openvla_oft.OFT_PRESETS``; '' for none).
+# OpenVLA-OFT platform presets (``model/families/openvla_oft/checkpoint.OFT_PRESETS``; ''
+# for none).
 OFT_PRESET_CHOICES = ('', 'aloha', 'bridge', 'libero')
 # Prefill chunks when chunked_prefill_size is 0. On a CPU a short chunk keeps a new robot's
 # prefill from stalling the others' decodes; on a GPU a whole OpenVLA prompt (about 280
@@ -225,7 +223,7 @@ class EngineConfig:
                 f'scheduler.enable_priority works with policy {" or ".join(PRIORITY_POLICIES)}'
                 f', not {self.policy!r}'
             )
-        self._check_oft()
+        self._check_family_settings()
         for robot_id, settings in self.robots.items():
             if not robot_id or not isinstance(settings, Mapping):
                 raise EngineConfigError(f'robots: bad entry {robot_id!r}: {settings!r}')
@@ -238,40 +236,15 @@ class EngineConfig:
             if not isinstance(settings.get('center_crop', False), bool):
                 raise EngineConfigError(f'robots.{robot_id}.center_crop must be a boolean')
 
-    def _check_oft(self) -> None:
-        if not self.oft_preset:
-            changed = [
-                f'engine.{f.name}'
-                for f in dataclasses.fields(self)
-                if f.name.startswith('oft_') and getattr(self, f.name) != f.default
-            ]
-            if changed:
-                raise EngineConfigError(
-                    f'{", ".join(changed)} set without engine.oft_preset: choose the '
-                    f'OpenVLA-OFT preset ({", ".join(OFT_PRESET_CHOICES[1:])}) they override'
-                )
-            return
+    def _check_family_settings(self) -> None:
+        """Each model family's own settings (``oft_*``), checked by the family, no I/O."""
+        from vla_sched.model.families.protocol import FamilyError
+        from vla_sched.model.families.registry import check_engine_settings
+
         try:
-            self.oft_settings()
-        except ValueError as exc:
-            raise EngineConfigError(f'engine.oft_preset {self.oft_preset!r}: {exc}') from None
-
-    def oft_settings(self) -> OFTSettings | None:
-        """The OpenVLA-OFT settings of ``oft_preset`` with the ``oft_*`` overrides, or None
-        without a preset."""
-        if not self.oft_preset:
-            return None
-        from vla_sched.model.config.openvla_oft import oft_preset
-
-        overrides: dict[str, Any] = {
-            'use_proprio': self.oft_use_proprio,
-            'center_crop': self.oft_center_crop,
-        }
-        if self.oft_num_images:
-            overrides['num_images'] = self.oft_num_images
-        if self.oft_chunk_len:
-            overrides['chunk_len'] = self.oft_chunk_len
-        return oft_preset(self.oft_preset, **overrides)
+            check_engine_settings(self.to_mapping())
+        except FamilyError as exc:
+            raise EngineConfigError(str(exc)) from None
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any]) -> EngineConfig:

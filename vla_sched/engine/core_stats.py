@@ -15,8 +15,7 @@ from vla_sched.core.scheduling.scheduler_config import SchedulerConfig, ms_to_ns
 from vla_sched.ipc.messages import EngineInfo, EngineStats, FailureReason, RobotStats
 
 if TYPE_CHECKING:
-    from vla_sched.model.config.checkpoint_spec import CheckpointSpec
-    from vla_sched.model.config.openvla_oft import OFTCheckpointSpec
+    from vla_sched.model.families.protocol import ServedModel
 
 
 def new_metrics() -> SchedulerMetrics:
@@ -28,52 +27,21 @@ def new_metrics() -> SchedulerMetrics:
     )
 
 
-def num_state_values(spec: CheckpointSpec) -> int:
-    """Length of the state vector the checkpoint's prompt takes (0: no state tokens)."""
-    if not spec.prompt.state_tokens:
-        return 0
-    return next(iter(spec.proprio_statistics.values())).action_dim
-
-
-PROMPT_LAYOUT_IMAGE_FIRST = 'image first: frames share only BOS'
-PROMPT_LAYOUT_INSTRUCTION_FIRST = 'instruction first: steps share the instruction prefix'
-PROMPT_LAYOUT_WHOLE_PASS = 'one bidirectional pass per step: steps share nothing'
-
-
 def engine_info(
-    spec: CheckpointSpec, *, model_name: str, max_instruction_bytes: int, random_weights: bool
+    served: ServedModel, *, max_instruction_bytes: int, random_weights: bool
 ) -> EngineInfo:
+    """What the served checkpoint takes and returns, as its family describes a step."""
+    shape = served.shape
     return EngineInfo(
-        model_name=model_name,
-        num_state=num_state_values(spec),
-        action_horizon=spec.action_horizon,
-        action_dim=spec.action_dim,
-        image_size=spec.preprocessing.image_size if spec.preprocessing else 0,
+        model_name=served.model_name,
+        num_state=shape.num_state,
+        action_horizon=shape.action_horizon,
+        action_dim=shape.action_dim,
+        image_size=shape.image_size,
         max_instruction_bytes=max_instruction_bytes,
         random_weights=random_weights,
-        prompt_layout=PROMPT_LAYOUT_IMAGE_FIRST
-        if spec.prompt.image_first
-        else (PROMPT_LAYOUT_INSTRUCTION_FIRST),
-    )
-
-
-def oft_engine_info(
-    spec: OFTCheckpointSpec, *, model_name: str, max_instruction_bytes: int, random_weights: bool
-) -> EngineInfo:
-    """What an OpenVLA-OFT checkpoint takes and returns under its settings: every camera's
-    image, the state when the settings use it, a chunk of ``chunk_len`` actions."""
-    settings = spec.settings
-    preprocessing = spec.base.preprocessing
-    return EngineInfo(
-        model_name=model_name,
-        num_state=settings.proprio_dim if settings.use_proprio else 0,
-        action_horizon=settings.chunk_len,
-        action_dim=settings.action_dim,
-        image_size=preprocessing.image_size if preprocessing else 0,
-        max_instruction_bytes=max_instruction_bytes,
-        random_weights=random_weights,
-        prompt_layout=PROMPT_LAYOUT_WHOLE_PASS,
-        num_images=settings.num_images,
+        prompt_layout=shape.prompt_layout,
+        num_images=shape.num_images,
     )
 
 

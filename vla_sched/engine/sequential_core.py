@@ -12,18 +12,9 @@ from __future__ import annotations
 import itertools
 import time
 from collections import OrderedDict
-from typing import TYPE_CHECKING
-
-import numpy as np
-import torch
 
 from vla_sched.core.scheduling.robot_rules import RobotRules
-from vla_sched.engine.checkpoints import (
-    check_model_path,
-    decodes_whole_vocab,
-    read_configured_spec,
-    resolve_checkpoint,
-)
+from vla_sched.engine.checkpoints import check_model_path, open_served, resolve_checkpoint
 from vla_sched.engine.config import EngineConfig
 from vla_sched.engine.core_stats import (
     engine_info,
@@ -41,62 +32,19 @@ from vla_sched.ipc.messages import (
     StepRequest,
     StepResult,
 )
-from vla_sched.model.config.openvla_towers import OpenVLAVisionSpec
-from vla_sched.model.layers.image_crop import center_crop_image
-from vla_sched.model.prompting.action_tokenizer import ActionChunkDecoder
-
-if TYPE_CHECKING:
-    from vla_sched.model.hf_openvla import HFOpenVLAPolicy
-
-
-class _Timing:
-    """A logits processor that masks tokens outside ``[start, end)`` and stamps each decode
-    step."""
-
-    def __init__(self, start: int, end: int) -> None:
-        self.start, self.end = start, end
-        self.stamps: list[float] = []
-
-    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        self.stamps.append(time.perf_counter())
-        masked = torch.full_like(scores, float('-inf'))
-        masked[:, self.start : self.end] = scores[:, self.start : self.end]
-        return masked
 
 
 class SequentialCore:
-    """Serves steps one by one with ``LlavaForConditionalGeneration.generate`` (OpenVLA
-    folders: ``HFOpenVLAPolicy``, transformers' ``LlamaForCausalLM.generate``)."""
+    """Serves steps one by one on the checkpoint family's one-step baseline (transformers'
+    ``generate``; see the module docstring)."""
 
     def __init__(self, config: EngineConfig, *, folder, random_weights: bool) -> None:
-        from vla_sched.model.prompting.prompt import VLAPromptBuilder
-
         self.config = config
         self.device, self.dtype = pick_device_and_dtype(config)
-        self.spec = read_configured_spec(folder, config)
-        self.prompts = VLAPromptBuilder.from_checkpoint(folder, self.spec)
-        self.whole_vocab = decodes_whole_vocab(config, self.spec)
-        # An OpenVLA folder (transformers has no class for it) runs as predict_action does:
-        # LlamaForCausalLM.generate over the projected image and the prompt.
-        self.openvla: HFOpenVLAPolicy | None = None
-        self.model = None
-        if isinstance(self.spec.vision, OpenVLAVisionSpec):
-            from vla_sched.model.hf_openvla import HFOpenVLAPolicy
-
-            self.openvla = HFOpenVLAPolicy(
-                folder, device=self.device, dtype=self.dtype, spec=self.spec
-            )
-        else:
-            import transformers
-
-            self.model = transformers.LlavaForConditionalGeneration.from_pretrained(
-                folder, dtype=self.dtype
-            ).to(self.device)
-            self.model.eval()
-        self.decoder = ActionChunkDecoder.for_checkpoint(self.spec)
+        served = open_served(folder, config)
+        self.baseline = served.one_step_baseline(device=self.device, dtype=self.dtype)
         self._info = engine_info(
-            self.spec,
-            model_name=str(folder.name),
+            served,
             max_instruction_bytes=config.max_instruction_bytes,
             random_weights=random_weights,
         )
@@ -165,25 +113,14 @@ class SequentialCore:
             ]  # fmt: skip
         return [result]
 
-    @torch.inference_mode()
     def _generate(self, request: StepRequest, *, arrival_ns: int, start_ns: int) -> StepResult:
         """Generate one step that arrived at ``arrival_ns`` and starts at ``start_ns``."""
-        state = request.state if self._info.num_state else None
-        layout = self.prompts.build(request.instruction, state=state)
-        timing = _Timing(*self.spec.sampled_token_range(whole_vocab=self.whole_vocab))
-        image = request.images[0]  # the primary camera: the model takes one image
-        if self.config.robot_center_crop(request.robot_id):
-            image = center_crop_image(image)
         start = time.perf_counter()
-        if self.openvla is not None:
-            tokens = self.openvla.action_token_ids(
-                image, request.instruction, logits_processor=[timing]
-            )
-        else:
-            tokens = self._llava_tokens(image, layout.token_ids, timing)
-        actions = self.decoder.decode(tokens, clip_to_bins=self.whole_vocab).astype(np.float32)
+        out = self.baseline.run(
+            request, center_crop=self.config.robot_center_crop(request.robot_id)
+        )
         end = time.perf_counter()
-        stamps = [start, *timing.stamps, end]
+        stamps = [start, *out.token_times_s, end]
         prefill_ms = (stamps[1] - start) * 1e3
         decode_ms = (end - stamps[1]) * 1e3
         done_ns = time.time_ns()
@@ -193,7 +130,7 @@ class SequentialCore:
         self.metrics.record_first_token(robot, start_ns - arrival_ns + int(prefill_ms * 1e6))
         for a, b in itertools.pairwise(stamps[1:-1]):
             self.metrics.record_itl(robot, int((b - a) * 1e9))
-        self.metrics.record_cache_hit(robot, 0, len(layout.token_ids))
+        self.metrics.record_cache_hit(robot, 0, out.num_prompt_tokens)
         if late and not self.rules.drops_late_steps:
             self.metrics.record_deadline_miss(robot)
         if not (late and self.rules.drops_late_steps):
@@ -202,33 +139,13 @@ class SequentialCore:
             robot_id=request.robot_id,
             step_seq=request.step_seq,
             stamp_ns=request.stamp_ns,
-            actions=actions,
+            actions=out.actions,
             queue_ms=queue_ms,
             prefill_ms=prefill_ms,
             decode_ms=decode_ms,
             late=late,
             num_cached_prefix_tokens=0,
         )
-
-    def _llava_tokens(
-        self, image: np.ndarray, token_ids: tuple[int, ...], timing: _Timing
-    ) -> list[int]:
-        """A LLaVA checkpoint's action token ids for ``image`` through ``generate``."""
-        from vla_sched.model.layers.vision import preprocess_image
-
-        input_ids = torch.tensor([token_ids], device=self.device)
-        pixels = preprocess_image(image, self.spec.preprocessing, device=self.device)
-        out = self.model.generate(
-            input_ids=input_ids,
-            attention_mask=torch.ones_like(input_ids),
-            pixel_values=pixels[None].to(self.dtype),
-            max_new_tokens=self.spec.num_action_tokens,
-            min_new_tokens=self.spec.num_action_tokens,
-            do_sample=False,
-            logits_processor=[timing],
-            pad_token_id=0,
-        )
-        return out[0, input_ids.shape[1] :].tolist()
 
     def stats(self, now_ns: int) -> EngineStats:
         return engine_stats(

@@ -1,3 +1,3 @@
-"""The VLA model by concern, each building on those before it:
-config < prompting, layers < loading < runner.
+"""The VLA model: shared concerns, each building on those before it (config < layers <
+loading < runner), and the model families on top of them (``families/``).
 """

@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Sequence
-
-import pytest
-import torch
+from collections.abc import Sequence
 
 from vla_sched.core.forward_batch import ImageInput, SamplingParams
 from vla_sched.core.memory.kv_config import KVMemoryConfig
@@ -18,15 +15,6 @@ from vla_sched.core.scheduling.scheduler_config import SchedulerConfig
 from vla_sched.testing.sim_runner import CostModel, SimClock, SimRunner, reference_tokens
 
 SAMPLING = SamplingParams(allowed_token_start=1000, allowed_token_end=1256)
-
-
-@pytest.fixture(autouse=True, scope='module')
-def single_torch_thread() -> Iterator[None]:
-    """Tiny CPU tensor ops are far slower with an intra-op thread pool on a busy machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def make_scheduler(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from sched_testing import admit_running, make_req, single_torch_thread  # noqa: F401
+from sched_testing import admit_running, make_req
 
 from vla_sched.core.forward_batch import ForwardMode
 from vla_sched.core.memory.kv_config import KVMemoryConfig

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import pytest
-from sched_testing import (  # noqa: F401
+from sched_testing import (
     expected_outputs,
     launched,
     make_req,
     make_scheduler,
     run_until_idle,
-    single_torch_thread,
 )
 
 from vla_sched.core.memory.kv_config import KVMemoryConfig

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sched_testing import make_req, make_scheduler, run_until_idle, single_torch_thread  # noqa: F401
+from sched_testing import make_req, make_scheduler, run_until_idle
 
 from vla_sched.core.scheduling.expiry import MIN_SERVICE_SAMPLES
 from vla_sched.core.scheduling.request import AbortReason

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from sched_testing import launched, make_req, make_scheduler, single_torch_thread  # noqa: F401
+from sched_testing import launched, make_req, make_scheduler
 
 from vla_sched.core.scheduling.prefill_delayer import DelayDecision, PrefillDelayer
 from vla_sched.core.scheduling.scheduler_config import PrefillDelayerConfig

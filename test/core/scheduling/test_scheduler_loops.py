@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from sched_testing import (  # noqa: F401
+from sched_testing import (
     admit_running,
     clone_req,
     expected_outputs,
@@ -11,7 +11,6 @@ from sched_testing import (  # noqa: F401
     make_req,
     make_scheduler,
     run_until_idle,
-    single_torch_thread,
 )
 
 from vla_sched.core.forward_batch import ForwardOutput

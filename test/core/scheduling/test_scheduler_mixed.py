@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import pytest
-from sched_testing import (  # noqa: F401
+from sched_testing import (
     clone_req,
     expected_outputs,
     launched,
     make_req,
     make_scheduler,
     run_until_idle,
-    single_torch_thread,
 )
 
 from vla_sched.core.forward_batch import FUTURE_TOKEN_ID

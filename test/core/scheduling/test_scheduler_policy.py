@@ -3,7 +3,7 @@ dfs-weight, and priority."""
 
 from __future__ import annotations
 
-from sched_testing import launched, make_req, make_scheduler, run_until_idle, single_torch_thread  # noqa: F401
+from sched_testing import launched, make_req, make_scheduler, run_until_idle
 
 from vla_sched.core.memory.kv_config import KVMemoryConfig
 from vla_sched.core.memory.kv_memory import KVMemory

@@ -6,13 +6,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from sched_testing import (  # noqa: F401
+from sched_testing import (
     SAMPLING,
     launched,
     make_req,
     make_scheduler,
     run_until_idle,
-    single_torch_thread,
 )
 
 from vla_sched.core.forward_batch import ForwardBatch, ForwardMode

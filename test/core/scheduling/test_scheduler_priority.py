@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import sys
 
-from sched_testing import (  # noqa: F401
+from sched_testing import (
     expected_outputs,
     make_req,
     make_scheduler,
     run_until_idle,
-    single_torch_thread,
 )
 
 from vla_sched.core.scheduling.request import AbortReason, FinishKind

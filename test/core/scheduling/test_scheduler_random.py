@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from sched_testing import expected_outputs, make_req, make_scheduler, single_torch_thread  # noqa: F401
+from sched_testing import expected_outputs, make_req, make_scheduler
 
 from vla_sched.core.memory.radix_key import RadixKey
 from vla_sched.core.scheduling.request import FinishKind

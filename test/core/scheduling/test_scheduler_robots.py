@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from sched_testing import (  # noqa: F401
+from sched_testing import (
     expected_outputs,
     launched,
     make_req,
     make_scheduler,
     run_until_idle,
-    single_torch_thread,
 )
 
 from vla_sched.core.forward_batch import ImageInput

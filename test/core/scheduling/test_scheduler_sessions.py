@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import torch
-from sched_testing import (  # noqa: F401
+from sched_testing import (
     make_req,
     make_scheduler,
     run_until_idle,
-    single_torch_thread,
 )
 
 from vla_sched.core.memory.radix_key import RadixKey

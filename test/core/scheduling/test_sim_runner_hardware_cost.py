@@ -6,7 +6,7 @@ import itertools
 
 import numpy as np
 import pytest
-from sched_testing import make_req, make_scheduler, run_until_idle, single_torch_thread  # noqa: F401
+from sched_testing import make_req, make_scheduler, run_until_idle
 
 from vla_sched.core.forward_batch import ForwardMode, ImageInput
 from vla_sched.testing.sim_runner import HardwareCostModel

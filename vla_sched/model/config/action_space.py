@@ -4,7 +4,8 @@
 they quantize; ``ActionStatistics`` holds one dataset's 1st/99th percentiles and un-norm
 mask, read from ``dataset_statistics.json`` (or ``norm_stats`` in ``config.json``) by
 ``load_action_statistics``; ``select_statistics`` picks one dataset by its ``unnorm_key``.
-The behaviour built on them (token ids <-> actions) is ``prompting/action_tokenizer.py``.
+The behaviour built on them (token ids <-> actions) is the decoded-token family's
+``action_tokenizer.py``.
 
 This module depends on numpy only, so the engine can import it cheaply.
 """

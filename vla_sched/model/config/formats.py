@@ -40,13 +40,6 @@ from vla_sched.model.config.llava import (
     llava_spec_from_dicts,
 )
 from vla_sched.model.config.openvla import openvla_architecture, openvla_spec_from_dicts
-from vla_sched.model.config.openvla_oft import (
-    OFTCheckpointSpec,
-    OFTSettings,
-    oft_component_files,
-    oft_files_for,
-    oft_spec_from_dicts,
-)
 from vla_sched.model.config.openvla_towers import OpenVLAVisionSpec
 
 
@@ -89,41 +82,10 @@ def read_statistics(folder: Path, config: Mapping[str, Any]) -> Mapping[str, Any
     )
 
 
-def refuse_openvla_oft(folder: Path, oft_settings: OFTSettings | None = None) -> bool:
-    """Whether ``folder`` is served as OpenVLA-OFT: it holds OFT component files and
-    ``oft_settings`` are given. Refuses the two mismatches.
-
-    An OFT folder carries openvla-7b's ``config.json`` and would read as plain OpenVLA, but
-    its checkpoint expects one parallel pass and an action head, not seven decoded tokens;
-    what its files cannot say comes from the settings.
-
-    Raises:
-        UnsupportedArchitectureError: naming the OFT component files found, for an OFT
-            folder without settings.
-        CheckpointError: for OFT settings with a folder that holds no OFT files.
-    """
-    found = sorted(name for names in oft_component_files(folder).values() for name in names)
-    if found and oft_settings is None:
-        raise UnsupportedArchitectureError(
-            f'{folder} is an OpenVLA-OFT checkpoint (it holds {", ".join(found)}): serve it '
-            'with OFT settings (OFTSettings, e.g. oft_preset("libero")), which give the chunk '
-            'length, action and proprio sizes, normalization, cameras and center crop'
-        )
-    if oft_settings is not None and not found:
-        raise CheckpointError(
-            f'OFT settings were given but {folder} holds no OpenVLA-OFT component files '
-            '(action_head--*checkpoint.pt)'
-        )
-    return bool(found)
-
-
-def read_dataset_choice(
-    folder: str | Path, *, oft_settings: OFTSettings | None = None
-) -> tuple[tuple[str, ...], str | None]:
+def read_dataset_choice(folder: str | Path) -> tuple[tuple[str, ...], str | None]:
     """The dataset names a folder holds statistics for, and the ``unnorm_key`` its
     ``vla_config.json`` names (or None), from JSON alone: cheap enough for a node's start-up
     (no transformers, no torch), where ``read_checkpoint_spec`` may import transformers.
-    ``oft_settings`` as for ``read_checkpoint_spec``.
 
     Raises:
         CheckpointError, UnsupportedArchitectureError, ActionStatisticsError: as
@@ -132,8 +94,6 @@ def read_dataset_choice(
     folder = Path(folder)
     if not folder.is_dir():
         raise CheckpointError(f'checkpoint folder {folder} does not exist')
-    if refuse_openvla_oft(folder, oft_settings):
-        oft_files_for(folder, oft_settings)
     config = read_json(folder / CONFIG_FILE)
     if config.get('model_type') not in SUPPORTED_MODEL_TYPES:
         raise UnsupportedArchitectureError(
@@ -148,27 +108,21 @@ def read_dataset_choice(
     return tuple(sorted(statistics)), None if key is None else str(key)
 
 
-def read_checkpoint_spec(
-    folder: str | Path, *, oft_settings: OFTSettings | None = None
-) -> CheckpointSpec | OFTCheckpointSpec:
-    """Read a checkpoint folder's spec (JSON files only).
+def read_checkpoint_spec(folder: str | Path) -> CheckpointSpec:
+    """Read a LLaVA-layout or OpenVLA folder's spec (JSON files only).
 
-    A folder with OpenVLA-OFT component files is read as OpenVLA-OFT when ``oft_settings``
-    are given (an ``OFTCheckpointSpec``) and refused without them; every other folder gives
-    a ``CheckpointSpec`` (and refuses ``oft_settings``).
+    A family that builds on these formats (OpenVLA-OFT's folders hold an OpenVLA
+    ``config.json``) reads its own files on top; which family a folder is of is decided by
+    ``vla_sched.model.families.registry``, not here.
 
     Raises:
-        CheckpointError: for a missing or malformed file, or OFT settings the folder does
-            not fit.
-        UnsupportedArchitectureError: for a model type this package cannot run, an
-            OpenVLA-OFT folder without OFT settings (``refuse_openvla_oft``) or an OFT
-            variant not served (diffusion head, FiLM).
+        CheckpointError: for a missing or malformed file.
+        UnsupportedArchitectureError: for a model type this package cannot run.
         ActionStatisticsError: when the action statistics are missing or malformed.
     """
     folder = Path(folder)
     if not folder.is_dir():
         raise CheckpointError(f'checkpoint folder {folder} does not exist')
-    oft = refuse_openvla_oft(folder, oft_settings)
     config = read_json(folder / CONFIG_FILE)
     vla = read_json(folder / VLA_CONFIG_FILE) if (folder / VLA_CONFIG_FILE).is_file() else {}
     openvla = config.get('model_type') == OPENVLA_MODEL_TYPE
@@ -177,10 +131,6 @@ def read_checkpoint_spec(
             f'missing {TOKENIZER_FILE} in {folder}: an OpenVLA folder needs the tokenizer '
             f'files it was published with ({TOKENIZER_FILE}, tokenizer_config.json)'
         )
-    if oft:
-        files = oft_files_for(folder, oft_settings)
-        statistics = read_json(folder / ACTION_STATISTICS_FILE)
-        return oft_spec_from_dicts(config, statistics, oft_settings, files, vla=vla)
     vocab_end = None
     if not openvla and 'vocab_end' not in vla.get('action_tokens', {}):
         vocab_end = base_vocab_size(folder / TOKENIZER_FILE)

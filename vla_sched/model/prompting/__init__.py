@@ -1,1 +1,0 @@
-"""Prompts and action tokens: the prompt builder and the action tokenizer and chunk decoder."""
