@@ -426,3 +426,19 @@ def test_bad_frames_are_shown_both_ways_and_unknown_without_engine_stats():
     values = dict(_sched(_engine(STARTING, num_bad_frames=2, stats=None)).values)
     assert values['bad frames from the engine'] == '2'
     assert values['bad frames from the node'] == 'n/a'
+
+
+def test_steps_the_engine_never_answered_are_named_as_the_cause_not_the_node():
+    view = _robot(
+        action_rate_hz=1.0,
+        num_refused_window=3,
+        refused_by_reason={'engine_timeout': 3},
+        last_error='engine_timeout: the engine did not answer this step 0.20 s past its deadline',
+        last_error_age_s=0.5,
+    )
+    data = _rob(view)
+    assert data.level == d.WARN
+    assert data.message.startswith('engine_timeout: the engine did not answer')
+    assert 'engine not answering: actions 1.00 Hz' in data.message
+    assert 'node too slow' not in data.message
+    assert dict(data.values)['refused: engine_timeout'] == '3'

@@ -19,6 +19,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+import os
 import subprocess
 import sys
 import threading
@@ -41,6 +42,7 @@ from vla_sched.ipc.channel import (
     remove_runtime_dir,
     remove_stale_runtime_dirs,
 )
+from vla_sched.ipc.frame_keys import key_pipe, new_key
 from vla_sched.ipc.heartbeat import HeartbeatTracker
 from vla_sched.ipc.messages import CloseSession, EngineInfo, StepRequest
 
@@ -116,12 +118,16 @@ class EngineClient:
             remove_stale_runtime_dirs()  # left by frontends killed with SIGKILL
             self._runtime_dir = private_runtime_dir()
         endpoints = new_endpoints(self._runtime_dir, self._generation)
-        self._channel = ZmqChannel(endpoints, bind=True)
+        # A key of this start only: the engine gets it through an inherited pipe.
+        key = new_key()
+        self._channel = ZmqChannel(endpoints, bind=True, key=key)
         self._endpoints = endpoints
+        key_fd = key_pipe(key)
         cmd = [
             sys.executable, '-m', 'vla_sched.engine.main',
             '--to-engine', endpoints.to_engine,
             '--from-engine', endpoints.from_engine,
+            '--key-fd', str(key_fd),
             '--config', json.dumps(self.config.to_mapping()),
             '--heartbeat-period', str(self.link.heartbeat_period_s),
             '--heartbeat-timeout', str(self.link.heartbeat_timeout_s),
@@ -129,7 +135,10 @@ class EngineClient:
         # A session of its own: a terminal's Ctrl-C (SIGINT to the foreground process group)
         # reaches the frontend only, which stops the engine with SIGTERM; an engine that
         # outlives a killed frontend ends when the frontend's heartbeats stop.
-        self._process = subprocess.Popen(cmd, start_new_session=True)
+        try:
+            self._process = subprocess.Popen(cmd, start_new_session=True, pass_fds=(key_fd,))
+        finally:
+            os.close(key_fd)
 
     def _start_thread(self) -> None:
         from vla_sched.engine.core_factory import build_core

@@ -1,7 +1,10 @@
 """Entry point of the engine process: connect to the frontend's sockets and serve.
 
     python -m vla_sched.engine.main --to-engine ipc://... --from-engine ipc://... \
-        --config '{"model_path": ""}'
+        --key-fd N --config '{"model_path": ""}'
+
+``--key-fd`` names the inherited pipe that holds this start's frame key
+(``vla_sched.ipc.frame_keys``); it is read before anything else and closed.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from vla_sched.engine.config import EngineConfig
 from vla_sched.engine.core_factory import build_core
 from vla_sched.engine.message_server import serve
 from vla_sched.ipc.channel import ZmqChannel, ZmqEndpoints
+from vla_sched.ipc.frame_keys import read_key
 from vla_sched.ipc.heartbeat import HeartbeatTracker
 
 
@@ -25,10 +29,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description='vla_sched engine process')
     parser.add_argument('--to-engine', required=True)
     parser.add_argument('--from-engine', required=True)
+    parser.add_argument('--key-fd', type=int, required=True, help="the frame key's pipe")
     parser.add_argument('--config', default='{}', help='engine settings as JSON')
     parser.add_argument('--heartbeat-period', type=float, required=True)
     parser.add_argument('--heartbeat-timeout', type=float, required=True)
     args = parser.parse_args(argv)
+    try:
+        key = read_key(args.key_fd)
+    except (OSError, ValueError) as exc:
+        print(f'vla_sched engine: no frame key on fd {args.key_fd}: {exc}', file=sys.stderr)
+        return 1
 
     # Stopping is the frontend's call (SIGTERM); a terminal's Ctrl-C reaches this process too,
     # also while the model loads, and must not end it with a traceback.
@@ -45,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 1
-    channel = ZmqChannel(ZmqEndpoints(args.to_engine, args.from_engine), bind=False)
+    channel = ZmqChannel(ZmqEndpoints(args.to_engine, args.from_engine), bind=False, key=key)
     heartbeat = HeartbeatTracker(
         sender='engine', period_s=args.heartbeat_period, timeout_s=args.heartbeat_timeout
     )

@@ -7,6 +7,13 @@ implementations: an in-process pair of queues (tests, single-process demos) and 
 The frontend binds both ZMQ sockets and the engine connects, so an engine that dies and is
 restarted finds the frontend where it was. A restart gets fresh sockets (new file names): a
 request queued for a dead engine is dropped with the old sockets, never delivered late.
+
+Only the engine and the node talk on them. Each socket is a ZMQ PAIR, which takes one peer
+and refuses every later connection, so no other process can take the node's steps once the
+engine is connected (and the node sends steps only after the engine's key-tagged EngineInfo
+came, so not before either); every message carries a tag under the key of this start of the
+link (``frame_keys``), so no process without the key can forge one: a message whose tag does
+not check out is refused like a malformed frame (``CodecError``).
 """
 
 from __future__ import annotations
@@ -19,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from vla_sched.ipc import codec
+from vla_sched.ipc import codec, frame_keys
 
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 IPC_SCHEME = 'ipc://'
@@ -138,7 +145,8 @@ def _process_exists(pid: int) -> bool:
 
 
 class ZmqChannel:
-    """A PUSH/PULL pair over ``ipc://``; the frontend side binds, the engine side connects.
+    """Two one-peer (PAIR) sockets over ``ipc://``, one each way; the frontend side binds,
+    the engine side connects. Messages are tagged under ``key`` (see the module docstring).
 
     The binding end removes its two socket files when it is closed, so a restart's earlier
     sockets do not pile up in the runtime folder.
@@ -149,15 +157,22 @@ class ZmqChannel:
         endpoints: ZmqEndpoints,
         *,
         bind: bool,
+        key: bytes,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         high_water_mark: int = 1000,
     ) -> None:
         import zmq
 
         self._zmq = zmq
+        self._key = frame_keys.check_key(key)
+        self._out_label, self._in_label = (
+            (frame_keys.TO_ENGINE, frame_keys.FROM_ENGINE)
+            if bind
+            else (frame_keys.FROM_ENGINE, frame_keys.TO_ENGINE)
+        )
         self._ctx = zmq.Context()
-        self._push = self._ctx.socket(zmq.PUSH)
-        self._pull = self._ctx.socket(zmq.PULL)
+        self._push = self._ctx.socket(zmq.PAIR)  # sends only
+        self._pull = self._ctx.socket(zmq.PAIR)  # receives only
         for sock in (self._push, self._pull):
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.SNDHWM, high_water_mark)
@@ -193,18 +208,21 @@ class ZmqChannel:
         if self._closed:
             raise ChannelClosedError('zmq channel is closed')
         try:
-            self._push.send_multipart(codec.encode(msg), flags=self._zmq.NOBLOCK, copy=False)
+            frames = frame_keys.sealed(self._key, self._out_label, codec.encode(msg))
+            self._push.send_multipart(frames, flags=self._zmq.NOBLOCK, copy=False)
         except self._zmq.Again as exc:
             raise ChannelClosedError('no engine connected, or its queue is full') from exc
 
     def recv(self, timeout_s: float = 0.0) -> Any | None:
-        """See ``Channel.recv``: raises ``codec.CodecError`` for a malformed message."""
+        """See ``Channel.recv``: raises ``codec.CodecError`` for a malformed message or one
+        whose key tag does not check out."""
         if self._closed:
             raise ChannelClosedError('zmq channel is closed')
         if not self._poller.poll(max(0, int(timeout_s * 1000))):
             return None
         frames = self._pull.recv_multipart(copy=False)
-        return codec.decode([f.buffer for f in frames])
+        body = frame_keys.open_frames(self._key, self._in_label, [f.buffer for f in frames])
+        return codec.decode(body)
 
     def close(self) -> None:
         if not self._closed:

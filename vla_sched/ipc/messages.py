@@ -34,6 +34,7 @@ class FailureReason(enum.Enum):
     STALE_STATE = 'stale_state'
     INACTIVE = 'inactive'
     CAMERAS_INCOMPLETE = 'cameras_incomplete'
+    ENGINE_TIMEOUT = 'engine_timeout'  # no answer by the deadline plus a margin (node side)
 
 
 @dataclass(frozen=True, slots=True, eq=False)

@@ -29,7 +29,8 @@ or when more than ``queue_warn_threshold`` steps wait; OK otherwise. Robot: STAL
 first image ("waiting for first image"); ERROR when no image came for ``silent_robot_s``;
 WARN while the node is not active ("not served"), when a step of it was refused in the last
 window or its action rate is below ``rate_warn_fraction`` of its target (the message says
-whether its camera is too slow or the node is); OK otherwise. Messages put the cause first.
+whether its camera is too slow, the engine is not answering (its steps timed out) or the
+node is too slow); OK otherwise. Messages put the cause first.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from vla_sched.ipc.messages import EngineStats, RobotStats
+from vla_sched.ipc.messages import EngineStats, FailureReason, RobotStats
 from vla_sched.ros.diagnostic_keys import (
     BAD_FRAMES_FROM_ENGINE_KEY,
     BAD_FRAMES_FROM_NODE_KEY,
@@ -336,6 +337,8 @@ def _robot_level(view: RobotView, cfg: DiagnosticsConfig, lifecycle_state: str) 
         )
         if view.image_rate_hz < floor_hz:
             problems.append(f'camera too slow: {rates}')
+        elif view.last_error.startswith(FailureReason.ENGINE_TIMEOUT.value):
+            problems.append(f'engine not answering: {rates}')
         else:
             since = _num(view.since_last_chunk_s)
             problems.append(f'node too slow: {rates}; last chunk {since} s ago')

@@ -423,10 +423,11 @@ class VlaSchedNode(LifecycleNode):
         budget_ns = round(self.config.step_budget_s * 1e9)
         next_due_ns = None
         for slot in self.slots.values():
+            expires_ns = self._expire_flight(slot, now)
             if not slot.is_due(now):
-                due_ns = slot.due_at_ns()
-                if due_ns is not None and (next_due_ns is None or due_ns < next_due_ns):
-                    next_due_ns = due_ns
+                for due_ns in (slot.due_at_ns(), expires_ns):
+                    if due_ns is not None and (next_due_ns is None or due_ns < next_due_ns):
+                        next_due_ns = due_ns
                 continue
             step = slot.take_step(
                 now,
@@ -452,6 +453,24 @@ class VlaSchedNode(LifecycleNode):
             else:
                 self._send(slot, step, now)
         self._arm_due_timer(next_due_ns, now)
+
+    def _expire_flight(self, slot: RobotSlot, now: int) -> int | None:
+        """Give up the robot's step in flight if the engine has not answered it by its
+        deadline plus ``deadlines.engine_timeout_margin_s`` (refused with ENGINE_TIMEOUT; the
+        robot is free for its next step); else when that will be (None: nothing in flight)."""
+        margin_s = self.config.engine_timeout_margin_s
+        expires_ns = slot.flight_expires_at_ns(round(margin_s * 1e9))
+        if expires_ns is None or now < expires_ns:
+            return expires_ns
+        late_s = (now - slot.in_flight.deadline_ns) / 1e9
+        self.outcomes.abandon(
+            slot,
+            FailureReason.ENGINE_TIMEOUT,
+            f'the engine did not answer this step {late_s:.2f} s past its deadline '
+            f'(deadlines.engine_timeout_margin_s = {margin_s:g} s): step given up',
+            now,
+        )
+        return None
 
     def _inactive_detail(self) -> str:
         state = self.lifecycle_state

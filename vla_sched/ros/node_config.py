@@ -304,6 +304,14 @@ class FrontendConfig:
         group='deadlines',
     )
     late_policy: str = setting_like(EngineConfig, 'late_policy', group='deadlines')
+    engine_timeout_margin_s: float = setting(
+        1.0,
+        'a step the engine has not answered by its deadline plus this (s) is refused '
+        '(ENGINE_TIMEOUT) and its robot sends its next one',
+        min_value=0.001,
+        max_value=60.0,
+        group='deadlines',
+    )
     max_instruction_bytes: int = setting_like(
         EngineConfig, 'max_instruction_bytes', group='limits'
     )

@@ -13,7 +13,10 @@ The rules a robot relies on live here, free of ROS so they can be tested with a 
   due only once each camera's image is in, and a step whose cameras did not all send one in
   time is refused (``CAMERAS_INCOMPLETE``), as is one whose camera count is not the
   checkpoint's;
-- at most one step in flight: a robot is due only when nothing of it is in the engine;
+- at most one step in flight: a robot is due only when nothing of it is in the engine, and
+  a step the engine has not answered by its deadline plus a margin is given up
+  (``flight_expires_at_ns``; the node refuses it with ``ENGINE_TIMEOUT``), so no lost or
+  stolen step leaves its robot stuck;
 - ``periodic`` robots are due once per period, ``on_image`` robots on every new image;
 - a step whose deadline (image stamp + budget) has passed is refused before it is sent;
 - a step whose joint state is stale (older than ``max_state_age_s``, or stamped further than
@@ -365,6 +368,11 @@ class RobotSlot:
             step_seq=request.step_seq, stamp_ns=request.stamp_ns, deadline_ns=request.deadline_ns
         )
         self._next_step_seq += 1
+
+    def flight_expires_at_ns(self, margin_ns: int) -> int | None:
+        """When the step in flight is given up if the engine has not answered it (its
+        deadline plus ``margin_ns``), or None with nothing in flight."""
+        return None if self.in_flight is None else self.in_flight.deadline_ns + margin_ns
 
     # --- outcomes ---------------------------------------------------------------------------
 
