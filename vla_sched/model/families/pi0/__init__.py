@@ -1,0 +1,1 @@
+"""pi0 and pi0.5 from LeRobot folders: flow-matching action chunks from PaliGemma + an expert."""
