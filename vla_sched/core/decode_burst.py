@@ -34,6 +34,8 @@ def burst_steps(batch: ForwardBatch) -> list[ForwardBatch]:
                 sample=batch.sample,
                 sampling=batch.sampling,
                 images=batch.images,
+                noise=batch.noise,
+                denoise_passes=tuple(None if k is None else k + j for k in batch.denoise_passes),
             )
         )
     return steps

@@ -27,6 +27,12 @@ request's whole sequence with no cached prefix, attending both ways over it; the
 returns each request's action chunk (``ForwardOutput.action_chunks``), samples no token,
 and the scheduler keeps none of the pass's KV. ``proprio`` holds each request's robot state
 for a model that takes it.
+
+A flow-matching request (pi0) runs its prefix as one extend row attending both ways, then
+one decode row per denoising pass (bursts of ``k`` passes as for tokens). Its rows carry its
+initial noise (``noise``); the runner keeps the denoising state on the request's row,
+returns a marker id per pass, and the request's chunk with its last pass
+(``ForwardOutput.action_chunks``).
 """
 
 from __future__ import annotations
@@ -112,6 +118,10 @@ class ForwardBatch:
     images: tuple[tuple[ImageInput, ...], ...]  # per request: images of its prompt
     prefill_only: bool = False  # one whole-sequence pass per request, action chunks out
     proprio: tuple[np.ndarray | None, ...] = ()  # per request: float32 state, or () for none
+    noise: tuple[np.ndarray | None, ...] = ()  # per request: flow-matching initial noise, or ()
+    # Per request when a row denoises: -1 for a flow-matching request's prefix pass, its
+    # (first) denoising pass index for a decode row, None for a token row; () for none.
+    denoise_passes: tuple[int | None, ...] = ()
 
     @property
     def batch_size(self) -> int:
@@ -136,6 +146,10 @@ class ForwardBatch:
             raise ValueError('sample, sampling and images need one entry per request')
         if self.proprio and len(self.proprio) != b:
             raise ValueError('proprio needs one entry per request (or none at all)')
+        if self.noise and len(self.noise) != b:
+            raise ValueError('noise needs one entry per request (or none at all)')
+        if self.denoise_passes and len(self.denoise_passes) != b:
+            raise ValueError('denoise_passes needs one entry per request (or none at all)')
         extend = self.extend_lens.tolist()
         summed = [p + e for p, e in zip(self.prefix_lens.tolist(), extend, strict=True)]
         if summed != self.seq_lens.tolist():
@@ -186,7 +200,9 @@ class ForwardOutput:
     ``batch.sample[i]`` was false. For a decode burst of ``k`` steps, ``burst_token_ids[i]``
     holds request ``i``'s ``k`` tokens in order and ``next_token_ids[i]`` the last of them.
     For a prefill-only batch ``next_token_ids`` are all -1 and ``action_chunks[i]`` holds
-    request ``i``'s actions (float32 ``[horizon, action_dim]``).
+    request ``i``'s actions (float32 ``[horizon, action_dim]``). In a batch with
+    flow-matching rows, ``action_chunks[i]`` is request ``i``'s chunk when this batch ran its
+    last denoising pass, else None.
     """
 
     next_token_ids: tuple[int, ...]

@@ -9,7 +9,10 @@ runner the right KV slots: a stale, shared-by-mistake or overwritten slot change
 tokens. ``reference_tokens`` computes the same outputs without any KV, for comparison.
 A prefill-only batch gets each request's action chunk the same way
 (``action_chunk_from_digest`` of the digest and the robot's state;
-``reference_action_chunk`` without KV).
+``reference_action_chunk`` without KV). A flow-matching request's rows denoise its noise
+in ``denoise_steps`` passes, each moving it by a velocity derived from the digest of its
+prefix's simulated KV and the pass index (``reference_flow_chunk`` without KV); the
+state lives on the request's row, as a real runner keeps it.
 
 A cost model gives each step a duration: ``CostModel`` (fixed and per-token costs) or
 ``HardwareCostModel`` (a model's FLOPs and bytes over a device's rates). With a
@@ -95,6 +98,29 @@ def reference_action_chunk(
     key = build_key_tokens(list(prompt_ids), images)
     digest = int(kv_contribution(key, torch.arange(key.numel())).sum())
     return action_chunk_from_digest(digest, proprio, shape)
+
+
+def flow_velocity(digest: int, pass_index: int, shape: tuple[int, ...]) -> np.ndarray:
+    """The simulated velocity of denoising pass ``pass_index`` over a prefix whose simulated
+    KV sums to ``digest``."""
+    rng = np.random.default_rng((digest + 7919 * pass_index) % (1 << 63))
+    return rng.uniform(-1.0, 1.0, size=shape).astype(np.float32)
+
+
+def reference_flow_chunk(
+    prompt_ids: Sequence[int],
+    images: Sequence[ImageInput],
+    noise: np.ndarray,
+    denoise_steps: int,
+) -> np.ndarray:
+    """The chunk the simulated runner returns for this flow-matching request: Euler steps
+    ``x <- x - v_k / denoise_steps`` from the noise."""
+    key = build_key_tokens(list(prompt_ids), images)
+    digest = int(kv_contribution(key, torch.arange(key.numel())).sum())
+    x = np.asarray(noise, np.float32).copy()
+    for k in range(denoise_steps):
+        x = x - flow_velocity(digest, k, x.shape) / np.float32(denoise_steps)
+    return x
 
 
 @dataclass(frozen=True, slots=True)
@@ -287,6 +313,7 @@ class SimRunner:
         clock: the simulated clock to queue steps on; None: results are ready at once.
         keep_batches: keep every launched batch in ``batches`` (tests).
         action_chunk_shape: ``(horizon, action_dim)`` of a prefill-only batch's chunks.
+        denoise_steps: denoising passes of a flow-matching request.
     """
 
     def __init__(
@@ -298,7 +325,10 @@ class SimRunner:
         clock: SimClock | None = None,
         keep_batches: bool = False,
         action_chunk_shape: tuple[int, int] = (8, 7),
+        denoise_steps: int = 3,
     ) -> None:
+        self.denoise_steps = denoise_steps
+        self._flow_state: dict[int, tuple[int, np.ndarray]] = {}  # row -> (digest, x)
         self.req_to_token = req_to_token
         self.action_chunk_shape = action_chunk_shape
         self.kv = torch.zeros(num_kv_slots, dtype=torch.int64)
@@ -325,16 +355,50 @@ class SimRunner:
             output = self._run_prefill_only(batch)
             return SimResult(output, self._queue(batch), self.clock)
         if batch.num_decode_steps <= 1:
-            output = ForwardOutput(self._run_step(batch))
+            tokens = self._run_step(batch)
+            chunks = self._denoise(batch)
+            output = ForwardOutput(tokens, action_chunks=chunks)
             return SimResult(output, self._queue(batch), self.clock)
         steps = burst_steps(batch)
-        tokens = [self._run_step(step) for step in steps]
+        tokens = []
+        chunks: list = [None] * batch.batch_size
+        for step in steps:
+            tokens.append(self._run_step(step))
+            for i, chunk in enumerate(self._denoise(step) or ()):
+                if chunk is not None:
+                    chunks[i] = chunk
         end_ns = 0
         for step in steps:
             end_ns = self._queue(step)
         rows = tuple(zip(*tokens, strict=True))
-        output = ForwardOutput(next_token_ids=tokens[-1], burst_token_ids=rows)
+        output = ForwardOutput(
+            next_token_ids=tokens[-1],
+            burst_token_ids=rows,
+            action_chunks=tuple(chunks) if batch.denoise_passes else None,
+        )
         return SimResult(output, end_ns, self.clock)
+
+    def _denoise(self, batch: ForwardBatch) -> tuple[np.ndarray | None, ...] | None:
+        """Advance each flow-matching row by its pass (after ``_run_step`` wrote the KV): a
+        prefix pass starts the row's state from its noise; the last pass gives its chunk."""
+        if not batch.denoise_passes:
+            return None
+        chunks: list[np.ndarray | None] = []
+        for i, k in enumerate(batch.denoise_passes):
+            chunk = None
+            row = int(batch.req_pool_indices[i])
+            if k == -1:
+                slots = self.req_to_token[row, : int(batch.seq_lens[i])].to(torch.int64)
+                noise = np.asarray(batch.noise[i], np.float32)
+                self._flow_state[row] = (int(self.kv[slots].sum()), noise.copy())
+            elif k is not None:
+                digest, x = self._flow_state[row]
+                x = x - flow_velocity(digest, k, x.shape) / np.float32(self.denoise_steps)
+                self._flow_state[row] = (digest, x)
+                if k == self.denoise_steps - 1:
+                    chunk = x
+            chunks.append(chunk)
+        return tuple(chunks)
 
     def _run_prefill_only(self, batch: ForwardBatch) -> ForwardOutput:
         """Write the pass's KV and give each request its action chunk (no token)."""

@@ -11,7 +11,9 @@ A burst's tokens arrive together; their times are spread evenly since the reques
 token, so the inter-token latency window holds the burst's mean, not ``k - 1`` zeros.
 
 A prefill-only batch's rows take their action chunks and finish; their KV is freed, never
-cached (it was computed attending both ways, so no other sequence may reuse it).
+cached (it was computed attending both ways, so no other sequence may reuse it). A
+flow-matching request's rows append one marker per pass, its prompt is never cached, and
+its last denoising pass brings its action chunk.
 
 A row is skipped when its request finished meanwhile, or was retracted or preempted after
 the step was launched (its generation changed): under the overlap loop, results arrive one
@@ -103,6 +105,10 @@ class ResultProcessor:
             for j, token in enumerate(tokens, start=1):
                 stamp = now if last is None else last + (now - last) * j // len(tokens)
                 self._append(req, token, stamp)
+            if req.denoise_steps and output.action_chunks is not None:
+                chunk = output.action_chunks[i]
+                if chunk is not None:
+                    req.action_chunk = chunk
             if req.update_finish_state():
                 self.finish(req, req.finished_reason)
 
@@ -130,7 +136,7 @@ class ResultProcessor:
 
     def _process_prefill_row(self, req: Req, token: int, now: int) -> None:
         will_finish = req.to_finish is not None or len(req.output_ids) + 1 >= req.max_new_tokens
-        if not will_finish:
+        if not will_finish and not req.whole_prompt:
             self.memory.cache_unfinished_req(req.kv)
         self._append(req, token, now)
         if req.update_finish_state():

@@ -69,11 +69,11 @@ def validate_new_request(
         )
     chunk = config.chunked_prefill_size
     pass_len = round_up_to_page(input_len, limits.page_size)
-    if req.prefill_only and chunk is not None and pass_len > chunk:
+    if req.whole_prompt and chunk is not None and pass_len > chunk:
         return FinishReason.aborted(
             AbortReason.PROMPT_TOO_LONG,
-            f'{req.describe()} is prefill-only with {input_len} prompt tokens; it runs whole '
-            f'in one pass, and a pass holds at most {chunk} (chunked_prefill_size)',
+            f'{req.describe()} attends both ways over its {input_len} prompt tokens; it runs '
+            f'whole in one pass, and a pass holds at most {chunk} (chunked_prefill_size)',
         )
     bound = limits.max_new_tokens_bound(input_len)
     if req.max_new_tokens > bound:

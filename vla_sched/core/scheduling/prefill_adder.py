@@ -184,7 +184,7 @@ class PrefillAdder:
             fits_chunk = (
                 self.rem_chunk_tokens is None or self._ceil_page(extend) <= self.rem_chunk_tokens
             )
-            if not fits_chunk and req.prefill_only:
+            if not fits_chunk and req.whole_prompt:
                 return AddReqResult.OTHER  # never cut: it waits for a pass with room
             if fits_chunk:
                 req.set_extend_range(prefix_len, req.num_fill_tokens)

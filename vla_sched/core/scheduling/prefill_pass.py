@@ -147,7 +147,7 @@ class PrefillPass:
                     return
             if adder.can_run_list and adder.can_run_list[0].prefill_only != req.prefill_only:
                 return  # a pass is either prefill-only or token prefill, never both
-            s.memory.match_prefix(req.kv, reuse=not req.prefill_only)
+            s.memory.match_prefix(req.kv, reuse=not req.whole_prompt)
             result = adder.add_one_req(req)
             admitted = bool(adder.can_run_list) and adder.can_run_list[-1] is req
             if admitted:

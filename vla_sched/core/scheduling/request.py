@@ -11,6 +11,15 @@ never cut into chunks, reuses no cached prefix and leaves none behind (its pass 
 both ways, so its KV depends on every token of the sequence), never decodes, and belongs
 to no session.
 
+A flow-matching request (``denoise_steps > 0``; pi0's steps) has such a whole-prompt prefix
+pass too (its prefix attends both ways), then ``denoise_steps`` denoising passes that run
+like decode steps: each pass appends one marker token (the runner's output id, never a
+real token), so ``max_new_tokens`` is ``denoise_steps + 1`` (the prefix pass's marker
+first), and decode bursts, mixed passes, retraction and the robot rules apply as to token
+decoding. The runner keeps the denoising state on the request's row and returns the action
+chunk with the last pass. A retracted flow request starts over from its prefix (its state
+went with its row). Like a prefill-only request, it shares and caches no KV.
+
 Positions of a request's tokens during one extend pass::
 
     0 ............ extend_start ............ extend_end ......... num_fill_tokens
@@ -127,7 +136,12 @@ class Req:
         prefill_only: one pass over the whole prompt gives the output (see the module
             docstring); needs ``max_new_tokens == 0`` and no session.
         proprio: the robot's state (float32) for a model that takes it, else None.
-        action_chunk: a prefill-only request's output, set when its pass is processed.
+        denoise_steps: a flow-matching request's denoising passes after its prefix pass (see
+            the module docstring); 0 for any other request.
+        noise: a flow-matching request's initial noise (float32 ``[chunk, action width]``),
+            where its denoising starts (t = 1).
+        action_chunk: a prefill-only or flow-matching request's output, set when its last
+            pass is processed.
     """
 
     rid: str
@@ -144,6 +158,8 @@ class Req:
     extra_key: Hashable = None
     prefill_only: bool = False
     proprio: np.ndarray | None = None
+    denoise_steps: int = 0
+    noise: np.ndarray | None = None
     action_chunk: np.ndarray | None = field(init=False, default=None)
     kv: ReqKV = field(init=False)
     output_ids: list[int] = field(init=False, default_factory=list)
@@ -174,6 +190,15 @@ class Req:
                     f'request {self.rid!r} is prefill-only: it generates no token '
                     f'(max_new_tokens 0, got {self.max_new_tokens}) and continues no session'
                 )
+        elif self.denoise_steps:
+            if self.max_new_tokens != self.denoise_steps + 1 or self.session_id is not None:
+                raise ValueError(
+                    f'request {self.rid!r} denoises in {self.denoise_steps} passes after its '
+                    f'prefix pass: max_new_tokens must be {self.denoise_steps + 1} (one marker '
+                    f'per pass, got {self.max_new_tokens}) and it continues no session'
+                )
+            if self.noise is None:
+                raise ValueError(f'request {self.rid!r} denoises but has no initial noise')
         elif self.max_new_tokens < 1:
             raise ValueError(
                 f'request {self.rid!r}: max_new_tokens must be >= 1, got {self.max_new_tokens}'
@@ -186,6 +211,13 @@ class Req:
             raise ValueError(f'request {self.rid!r}: {exc}') from None
 
     # ---- tokens ----------------------------------------------------------------------
+
+    @property
+    def whole_prompt(self) -> bool:
+        """Whether the prompt attends both ways (a prefill-only or flow-matching request):
+        it runs whole in one pass, is never cut into chunks, and its KV is shared with no
+        other sequence (matched against nothing, never cached)."""
+        return self.prefill_only or self.denoise_steps > 0
 
     @property
     def prefix_indices(self) -> torch.Tensor:
@@ -234,6 +266,11 @@ class Req:
             if self.action_chunk is not None:
                 self.finished_reason = FinishReason.length()
         elif len(self.output_ids) >= self.max_new_tokens:
+            if self.denoise_steps and self.action_chunk is None:
+                raise RuntimeError(
+                    f'{self.describe()} ran its {self.denoise_steps} denoising passes but the '
+                    'runner returned no action chunk'
+                )
             self.finished_reason = FinishReason.length()
         return self.finished_reason is not None
 
@@ -251,6 +288,11 @@ class Req:
             raise RuntimeError(f'request {self.rid!r} is reset for retract while holding memory')
         self.retraction_count += 1
         self.is_retracted = True
+        if self.denoise_steps:  # its denoising state went with its row: start over
+            self.output_ids = []
+            self.kv = ReqKV.from_prompt(
+                self.rid, self.origin_input_ids, images=self.images, extra_key=self.extra_key
+            )
         self.retracted_stain = True
         self.extend_start = self.extend_end = 0
         self.inflight_middle_chunks = 0

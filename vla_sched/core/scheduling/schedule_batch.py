@@ -173,6 +173,8 @@ class ScheduleBatch:
             images=tuple(r.images for r in self.reqs),
             prefill_only=prefill_only,
             proprio=_proprio_of(self.reqs),
+            noise=_noise_of(self.reqs),
+            denoise_passes=_denoise_passes_of(self.reqs, prefix_lens, extend_lens),
         )
         batch.check()
         self.forward_batch = batch
@@ -283,6 +285,33 @@ def _proprio_of(reqs: Sequence[Req]) -> tuple:
     if all(r.proprio is None for r in reqs):
         return ()
     return tuple(r.proprio for r in reqs)
+
+
+def _noise_of(reqs: Sequence[Req]) -> tuple:
+    """Each row's flow-matching initial noise, or ``()`` when no row denoises."""
+    if all(r.noise is None for r in reqs):
+        return ()
+    return tuple(r.noise for r in reqs)
+
+
+def _denoise_passes_of(
+    reqs: Sequence[Req], prefix_lens: list[int], extend_lens: list[int]
+) -> tuple:
+    """Each row's denoising pass index (-1: its prefix pass; None: a token row), or ``()``
+    when no row denoises. A flow-matching request's marker of pass ``k`` sits at position
+    ``prompt_len + k``, so a decode row at position ``p`` runs pass ``p - prompt_len``."""
+    if not any(r.denoise_steps for r in reqs):
+        return ()
+    out: list[int | None] = []
+    for req, start, length in zip(reqs, prefix_lens, extend_lens, strict=True):
+        prompt_len = len(req.origin_input_ids)
+        if not req.denoise_steps:
+            out.append(None)
+        elif start + length <= prompt_len:
+            out.append(-1)
+        else:
+            out.append(start - prompt_len)
+    return tuple(out)
 
 
 def priority_value(req: Req, priority_sign: int) -> int:

@@ -365,7 +365,8 @@ class Scheduler:
         reason = req.finished_reason
         req.times.finished_ns = now
         if req.kv.holds_memory:
-            self.memory.release(req.kv, insert=insert, now_ns=now)
+            # A whole-prompt request's KV attended both ways: no other sequence may reuse it.
+            self.memory.release(req.kv, insert=insert and not req.whole_prompt, now_ns=now)
         else:
             self.memory.sessions.end_step(req.kv, now_ns=now)
         if req is self.chunked_req:
