@@ -45,6 +45,21 @@ def silu_and_mul_torch(*, gate_up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
+def gelu_tanh_and_mul_torch(*, gate_up: torch.Tensor) -> torch.Tensor:
+    """``gelu_tanh(gate_up[:, :inner]) * gate_up[:, inner:]`` (Gemma's MLP), torch only: no
+    profile has shown a fused kernel to pay for it yet.
+
+    Args:
+        gate_up: [T, 2 * inner] the merged gate and up projections of T tokens.
+
+    Returns:
+        [T, inner] in the dtype of ``gate_up``.
+    """
+    _check_gate_up(gate_up)
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.gelu(gate, approximate='tanh') * up
+
+
 def silu_and_mul(*, gate_up: torch.Tensor) -> torch.Tensor:
     """Triton launcher with the contract of :func:`silu_and_mul_torch`."""
     _check_gate_up(gate_up)

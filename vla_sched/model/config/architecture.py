@@ -12,7 +12,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-SUPPORTED_TEXT_MODELS = ('llama', 'qwen2')
+SUPPORTED_TEXT_MODELS = ('llama', 'qwen2', 'gemma')
+# The gated MLP's activations: SwiGLU's SiLU, Gemma's tanh-approximated GELU.
+HIDDEN_ACTIVATIONS = ('silu', 'gelu_pytorch_tanh')
 SUPPORTED_VISION_MODELS = ('siglip_vision_model', 'clip_vision_model')
 SUPPORTED_ROPE_TYPES = ('default', 'linear', 'llama3')
 
@@ -45,7 +47,8 @@ class RopeSpec:
 
 @dataclass(frozen=True, slots=True)
 class DecoderSpec:
-    """Dimensions of a Llama/Qwen2-family decoder (RMSNorm, RoPE, GQA, SwiGLU)."""
+    """Dimensions of a Llama/Qwen2/Gemma-family decoder (RMSNorm, RoPE, GQA, a gated MLP
+    with ``hidden_act``)."""
 
     model_type: str
     vocab_size: int
@@ -62,8 +65,14 @@ class DecoderSpec:
     o_bias: bool = False
     mlp_bias: bool = False
     max_position_embeddings: int = 4096
+    hidden_act: str = 'silu'
 
     def __post_init__(self) -> None:
+        if self.hidden_act not in HIDDEN_ACTIVATIONS:
+            raise UnsupportedArchitectureError(
+                f'hidden_act {self.hidden_act!r} is not supported; use one of '
+                f'{HIDDEN_ACTIVATIONS}'
+            )
         if self.model_type not in SUPPORTED_TEXT_MODELS:
             raise UnsupportedArchitectureError(
                 f'text model_type {self.model_type!r} is not supported; '

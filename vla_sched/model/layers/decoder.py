@@ -24,7 +24,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from vla_sched.kernels.activation import run_silu_and_mul
+from vla_sched.kernels.activation import gelu_tanh_and_mul_torch, run_silu_and_mul
 from vla_sched.kernels.rms_norm import run_fused_add_rms_norm, run_rms_norm
 from vla_sched.kernels.rotary import run_rotary_embedding
 from vla_sched.model.config.architecture import DecoderSpec
@@ -96,16 +96,20 @@ class SelfAttention(nn.Module):
 
 
 class SwiGLU(nn.Module):
-    """``down(silu(gate(x)) * up(x))``, gate and up as one projection."""
+    """``down(act(gate(x)) * up(x))``, gate and up as one projection; ``act`` is SiLU, or
+    Gemma's tanh-approximated GELU (``spec.hidden_act``, torch only)."""
 
     def __init__(self, spec: DecoderSpec, factory: dict) -> None:
         super().__init__()
         size, inner = spec.hidden_size, spec.intermediate_size
         self.gate_up_proj = _linear(size, 2 * inner, spec.mlp_bias, factory)
         self.down_proj = _linear(inner, size, spec.mlp_bias, factory)
+        self.gelu = spec.hidden_act == 'gelu_pytorch_tanh'
 
     def forward(self, x: torch.Tensor, *, backend: str = 'auto') -> torch.Tensor:
         gate_up = self.gate_up_proj.forward(x)
+        if self.gelu:
+            return self.down_proj.forward(gelu_tanh_and_mul_torch(gate_up=gate_up))
         return self.down_proj.forward(run_silu_and_mul(gate_up=gate_up, backend=backend))
 
 
