@@ -21,9 +21,13 @@ This module reads JSON and the safetensors header only (no torch).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+
+from vla_sched.model.config.checkpoint_spec import CheckpointError
 
 POLICY_TYPES = ('pi0', 'pi05')
 WEIGHTS_PREFIX = 'model.'
@@ -263,3 +267,457 @@ def pi0_weight_shapes(
 def is_bf16_weight(name: str) -> bool:
     """Whether LeRobot stores ``name`` in bfloat16 in a ``dtype: bfloat16`` folder."""
     return name.endswith(BF16_SUFFIXES) and 'vision_tower' not in name
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading a folder
+# ---------------------------------------------------------------------------------------------
+
+CONFIG_FILE = 'config.json'
+WEIGHTS_FILE = 'model.safetensors'
+SIZES_FILE = 'model_sizes.json'
+PREPROCESSOR_FILE = 'policy_preprocessor.json'
+POSTPROCESSOR_FILE = 'policy_postprocessor.json'
+STATE_KEY = 'observation.state'
+ACTION_KEY = 'action'
+# LeRobot's NormalizationMode values and the statistics each needs.
+NORMALIZATION_STATS: Mapping[str, tuple[str, ...]] = {
+    'IDENTITY': (),
+    'MEAN_STD': ('mean', 'std'),
+    'MIN_MAX': ('min', 'max'),
+    'QUANTILES': ('q01', 'q99'),
+    'QUANTILE10': ('q10', 'q90'),
+}
+STORED_DTYPES = ('F32', 'BF16', 'F16')
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Pi0Spec:
+    """What the runner, the processor and the engine agree on about a pi0 / pi0.5 folder.
+
+    ``camera_keys`` are the config's VISUAL input features in order (the robot's cameras map to
+    them in that order); ``state_mode`` / ``action_mode`` are the normalizer's modes from the
+    processor files and ``state_statistics`` / ``action_statistics`` the float32 statistics
+    those modes use (``{stat: [dim]}``; the state's from the preprocessor's normalizer, the
+    action's from the postprocessor's unnormalizer). ``tokenizer_max_length`` is the
+    preprocessor's tokenizer ``max_length`` (prompts are truncated to it, as LeRobot does).
+    """
+
+    policy_type: str
+    paligemma: GemmaSize
+    expert: GemmaSize
+    vision: SiglipSize
+    vocab_size: int
+    chunk_size: int
+    n_action_steps: int
+    max_state_dim: int
+    max_action_dim: int
+    num_inference_steps: int
+    min_period: float
+    max_period: float
+    tokenizer_max_length: int
+    image_size: int
+    camera_keys: tuple[str, ...]
+    state_dim: int
+    action_dim: int
+    dtype: str
+    weights_file: str
+    state_mode: str
+    action_mode: str
+    state_statistics: Mapping[str, Any]
+    action_statistics: Mapping[str, Any]
+
+    def __post_init__(self) -> None:
+        if self.policy_type not in POLICY_TYPES:
+            raise ValueError(
+                f'policy_type must be one of {POLICY_TYPES}, got {self.policy_type!r}'
+            )
+        Pi0Sizes(self.paligemma, self.expert, self.vision, self.vocab_size)  # validates
+        for name in (
+            'chunk_size',
+            'n_action_steps',
+            'num_inference_steps',
+            'tokenizer_max_length',
+        ):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f'{name} must be a positive integer, got {value!r}')
+        if self.n_action_steps > self.chunk_size:
+            raise ValueError(
+                f'n_action_steps {self.n_action_steps} > chunk_size {self.chunk_size}'
+            )
+        if not 1 <= self.state_dim <= self.max_state_dim:
+            raise ValueError(
+                f'state_dim {self.state_dim} is not 1..max_state_dim {self.max_state_dim}'
+            )
+        if not 1 <= self.action_dim <= self.max_action_dim:
+            raise ValueError(
+                f'action_dim {self.action_dim} is not 1..max_action_dim {self.max_action_dim}'
+            )
+        if self.image_size != self.vision.image_size:
+            raise ValueError(f'image_size {self.image_size} != vision {self.vision.image_size}')
+        if not self.camera_keys:
+            raise ValueError('a pi folder needs at least one camera feature')
+        if not 0 < self.min_period < self.max_period:
+            raise ValueError(
+                f'periods must be 0 < min < max, got {self.min_period}, {self.max_period}'
+            )
+        for kind, mode, stats, dim in (
+            ('state', self.state_mode, self.state_statistics, self.state_dim),
+            ('action', self.action_mode, self.action_statistics, self.action_dim),
+        ):
+            if mode not in NORMALIZATION_STATS:
+                raise ValueError(
+                    f'{kind} normalization {mode!r} is not one of {list(NORMALIZATION_STATS)}'
+                )
+            for stat in NORMALIZATION_STATS[mode]:
+                if stat not in stats or tuple(stats[stat].shape) != (dim,):
+                    raise ValueError(f'{kind} normalization {mode} needs {stat} of shape ({dim},)')
+
+    @property
+    def sizes(self) -> Pi0Sizes:
+        return Pi0Sizes(self.paligemma, self.expert, self.vision, self.vocab_size)
+
+    @property
+    def num_image_tokens(self) -> int:
+        """Prefix tokens of one camera."""
+        return self.vision.num_patches
+
+
+def _read_json(path: Path, what: str) -> dict[str, Any]:
+    if not path.is_file():
+        raise CheckpointError(f'missing {path.name} in {path.parent}: {what}')
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise CheckpointError(f'{path.name} is not valid JSON: {exc}') from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f'{path.name} must hold a JSON object')
+    return data
+
+
+def read_safetensors_header(path: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """``{name: (dtype, shape)}`` from a safetensors file's header (its data is not read)."""
+    with open(path, 'rb') as f:
+        length = int.from_bytes(f.read(8), 'little')
+        if length <= 0 or length > 100_000_000:
+            raise CheckpointError(f'{path} is not a safetensors file (header length {length})')
+        header = json.loads(f.read(length))
+    return {
+        name: (entry['dtype'], tuple(entry['shape']))
+        for name, entry in header.items()
+        if name != '__metadata__'
+    }
+
+
+def _sizes_from_file(data: Mapping[str, Any], image_size: int) -> Pi0Sizes:
+    try:
+        vision = dict(data['vision'])
+        if vision.get('image_size', image_size) != image_size:
+            raise CheckpointError(
+                f'{SIZES_FILE} vision image_size {vision["image_size"]} disagrees with '
+                f'{CONFIG_FILE} image_resolution {image_size}'
+            )
+        vision['image_size'] = image_size
+        return Pi0Sizes(
+            paligemma=GemmaSize(**data['paligemma']),
+            expert=GemmaSize(**data['action_expert']),
+            vision=SiglipSize(**vision),
+            vocab_size=data['vocab_size'],
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        if isinstance(exc, CheckpointError):
+            raise
+        raise CheckpointError(
+            f'{SIZES_FILE} must hold paligemma, action_expert (GemmaSize fields), vision '
+            f'(SiglipSize fields) and vocab_size: {exc!r}'
+        ) from None
+
+
+def _sizes_from_variants(config: Mapping[str, Any], image_size: int) -> Pi0Sizes:
+    found = []
+    for field_name in ('paligemma_variant', 'action_expert_variant'):
+        name = config.get(field_name)
+        if name not in GEMMA_VARIANTS:
+            raise CheckpointError(
+                f'{CONFIG_FILE} {field_name} {name!r} is not one of {sorted(GEMMA_VARIANTS)}; '
+                f'a folder of other sizes declares them in {SIZES_FILE}'
+            )
+        found.append(GEMMA_VARIANTS[name])
+    vision = SiglipSize(**{**_size_fields(SIGLIP_SO400M_224), 'image_size': image_size})
+    return Pi0Sizes(found[0], found[1], vision, PALIGEMMA_VOCAB_SIZE)
+
+
+def _size_fields(size: Any) -> dict[str, int]:
+    return {name: getattr(size, name) for name in size.__slots__}
+
+
+def check_weight_shapes(
+    header: Mapping[str, tuple[str, tuple[int, ...]]],
+    expected: Mapping[str, tuple[int, ...]],
+    *,
+    source: str,
+    policy_type: str,
+) -> None:
+    """Refuse a weights header whose names or shapes are not ``expected`` (names unprefixed),
+    naming the first tensor that disagrees and where the sizes came from."""
+    stored = {
+        n.removeprefix(WEIGHTS_PREFIX): v
+        for n, v in header.items()
+        if n.startswith(WEIGHTS_PREFIX)
+    }
+    for name, shape in expected.items():
+        if name not in stored:
+            raise CheckpointError(f'{WEIGHTS_FILE} lacks {WEIGHTS_PREFIX}{name} ({source})')
+        dtype, found = stored[name]
+        if found != shape:
+            raise CheckpointError(
+                f'{WEIGHTS_FILE} tensor {WEIGHTS_PREFIX}{name} has shape {list(found)} but the '
+                f'sizes from {source} give {list(shape)}'
+            )
+        if dtype not in STORED_DTYPES:
+            raise CheckpointError(f'{WEIGHTS_FILE} tensor {WEIGHTS_PREFIX}{name} is {dtype}')
+    extra = sorted(set(header) - {WEIGHTS_PREFIX + n for n in expected})
+    if extra:
+        raise CheckpointError(
+            f'{WEIGHTS_FILE} holds tensors a {policy_type} model does not have: {extra[:3]}'
+        )
+
+
+def _feature_dim(features: Mapping[str, Any], key: str, kind: str, where: str) -> int:
+    entry = features.get(key)
+    if not isinstance(entry, Mapping) or entry.get('type') != kind:
+        raise CheckpointError(f'{CONFIG_FILE} {where} has no {kind} feature {key!r}')
+    shape = entry.get('shape')
+    if not isinstance(shape, list) or len(shape) != 1 or not isinstance(shape[0], int):
+        raise CheckpointError(f'{CONFIG_FILE} {where}[{key!r}] shape must be [dim], got {shape}')
+    return shape[0]
+
+
+def _refuse_unserved_options(
+    config: Mapping[str, Any], steps: Sequence[Mapping[str, Any]]
+) -> None:
+    """Relative actions and real-time chunking change what a chunk means; neither is served."""
+    if config.get('use_relative_actions'):
+        raise CheckpointError(
+            f'{CONFIG_FILE} use_relative_actions is true: relative actions are not served'
+        )
+    for step in steps:
+        name = str(step.get('registry_name', ''))
+        enabled = (step.get('config') or {}).get('enabled', True)
+        if ('relative_action' in name or 'absolute_action' in name) and enabled:
+            raise CheckpointError(
+                f'the processor step {name!r} converts relative actions, which are not served'
+            )
+    rtc = config.get('rtc_config')
+    if isinstance(rtc, Mapping) and rtc.get('enabled'):
+        raise CheckpointError(
+            f'{CONFIG_FILE} rtc_config.enabled is true: real-time chunking is not served'
+        )
+    trained = sorted(k for k, v in config.items() if k.startswith('training_time_rtc') and v)
+    if trained:
+        raise CheckpointError(
+            f'{CONFIG_FILE} {trained[0]} is set: a model trained for real-time chunking is not '
+            'served'
+        )
+
+
+def _step(
+    pipeline: Mapping[str, Any], registry_name: str, file_name: str
+) -> tuple[int, Mapping[str, Any]]:
+    steps = pipeline.get('steps')
+    if not isinstance(steps, list):
+        raise CheckpointError(f'{file_name} has no steps list')
+    found = [(i, s) for i, s in enumerate(steps) if s.get('registry_name') == registry_name]
+    if len(found) != 1:
+        raise CheckpointError(
+            f'{file_name} must hold one {registry_name!r} step, found {len(found)}'
+        )
+    return found[0]
+
+
+def _statistics(
+    folder: Path, step: Mapping[str, Any], file_name: str
+) -> dict[str, dict[str, Any]]:
+    """A normalizer step's statistics file as ``{feature: {stat: float32 array}}``."""
+    import numpy as np
+    from safetensors.numpy import load_file
+
+    state_file = step.get('state_file')
+    if not isinstance(state_file, str):
+        raise CheckpointError(f'{file_name} {step["registry_name"]!r} names no state_file')
+    path = folder / state_file
+    if not path.is_file():
+        raise CheckpointError(f'missing {state_file} in {folder}, which {file_name} names')
+    stats: dict[str, dict[str, Any]] = {}
+    for flat, values in load_file(str(path)).items():
+        feature, _, stat = flat.rpartition('.')
+        stats.setdefault(feature, {})[stat] = np.asarray(values, dtype=np.float32)
+    return stats
+
+
+def _mode(norm_map: Mapping[str, Any], kind: str, file_name: str) -> str:
+    mode = norm_map.get(kind, 'IDENTITY')
+    if mode not in NORMALIZATION_STATS:
+        raise CheckpointError(
+            f'{file_name} normalizes {kind} with {mode!r}, not one of {list(NORMALIZATION_STATS)}'
+        )
+    return mode
+
+
+def _selected_statistics(
+    stats: Mapping[str, Mapping[str, Any]], feature: str, mode: str, dim: int, file_name: str
+) -> dict[str, Any]:
+    selected = {}
+    for stat in NORMALIZATION_STATS[mode]:
+        values = stats.get(feature, {}).get(stat)
+        if values is None:
+            raise CheckpointError(f'{file_name} lacks {feature}.{stat}, which {mode} needs')
+        if values.shape != (dim,):
+            raise CheckpointError(
+                f'{file_name} {feature}.{stat} has shape {list(values.shape)}, the feature [{dim}]'
+            )
+        selected[stat] = values
+    return selected
+
+
+def _processors(
+    folder: Path, config: Mapping[str, Any], policy_type: str
+) -> tuple[list[Mapping[str, Any]], Mapping[str, Any], Mapping[str, Any]]:
+    """Both pipelines' steps, checked for the steps this family's prompt relies on; returns
+    (all steps, the preprocessor's normalizer step, the postprocessor's unnormalizer step)."""
+    pre = _read_json(folder / PREPROCESSOR_FILE, 'LeRobot saves the preprocessor pipeline there')
+    post = _read_json(folder / POSTPROCESSOR_FILE, 'LeRobot saves the postprocessor there')
+    norm_index, normalizer = _step(pre, 'normalizer_processor', PREPROCESSOR_FILE)
+    token_index, tokenizer = _step(pre, 'tokenizer_processor', PREPROCESSOR_FILE)
+    _, unnormalizer = _step(post, 'unnormalizer_processor', POSTPROCESSOR_FILE)
+    if policy_type == 'pi0':
+        line_index, _ = _step(pre, 'pi0_new_line_processor', PREPROCESSOR_FILE)
+        if line_index > token_index:
+            raise CheckpointError(f'{PREPROCESSOR_FILE} appends the newline after tokenizing')
+    else:
+        prompt_index, _ = _step(
+            pre, 'pi05_prepare_state_tokenizer_processor_step', PREPROCESSOR_FILE
+        )
+        if not norm_index < prompt_index < token_index:
+            raise CheckpointError(
+                f'{PREPROCESSOR_FILE} must normalize the state, then write the prompt, then '
+                'tokenize'
+            )
+    token_config = tokenizer.get('config') or {}
+    if token_config.get('max_length') != config.get('tokenizer_max_length'):
+        raise CheckpointError(
+            f'{PREPROCESSOR_FILE} tokenizer max_length {token_config.get("max_length")} '
+            f'disagrees with {CONFIG_FILE} tokenizer_max_length '
+            f'{config.get("tokenizer_max_length")}'
+        )
+    if token_config.get('padding_side', 'right') != 'right':
+        raise CheckpointError(f'{PREPROCESSOR_FILE} tokenizer pads on the left')
+    return [*pre['steps'], *post['steps']], normalizer, unnormalizer
+
+
+def read_pi0_spec(folder: str | Path) -> Pi0Spec:
+    """Read a LeRobot pi0 / pi0.5 folder's spec (JSON, the statistics and the weights' header).
+
+    Raises:
+        CheckpointError: naming the file, field, tensor or statistic that disagrees, a missing
+            file, or an option not served (relative actions, real-time chunking).
+    """
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise CheckpointError(f'checkpoint folder {folder} does not exist')
+    config = _read_json(folder / CONFIG_FILE, 'a LeRobot policy folder starts there')
+    policy_type = config.get('type')
+    if policy_type not in POLICY_TYPES:
+        raise CheckpointError(f'{CONFIG_FILE} type {policy_type!r} is not one of {POLICY_TYPES}')
+    if not (folder / WEIGHTS_FILE).is_file():
+        raise CheckpointError(f'missing {WEIGHTS_FILE} in {folder}')
+    steps, normalizer, unnormalizer = _processors(folder, config, policy_type)
+    _refuse_unserved_options(config, steps)
+    for name, served in (('n_obs_steps', 1), ('empty_cameras', 0)):
+        if config.get(name, served) != served:
+            raise CheckpointError(f'{CONFIG_FILE} {name} {config[name]} is not served ({served})')
+    resolution = config.get('image_resolution')
+    if not isinstance(resolution, list) or len(resolution) != 2 or resolution[0] != resolution[1]:
+        raise CheckpointError(f'{CONFIG_FILE} image_resolution must be square, got {resolution}')
+    image_size = resolution[0]
+    if (folder / SIZES_FILE).is_file():
+        sizes = _sizes_from_file(_read_json(folder / SIZES_FILE, ''), image_size)
+        source = SIZES_FILE
+    else:
+        sizes = _sizes_from_variants(config, image_size)
+        source = (
+            f'paligemma_variant {config["paligemma_variant"]!r} / action_expert_variant '
+            f'{config["action_expert_variant"]!r}'
+        )
+    inputs = config.get('input_features') or {}
+    outputs = config.get('output_features') or {}
+    cameras = tuple(
+        k for k, v in inputs.items() if isinstance(v, Mapping) and v.get('type') == 'VISUAL'
+    )
+    state_dim = _feature_dim(inputs, STATE_KEY, 'STATE', 'input_features')
+    action_dim = _feature_dim(outputs, ACTION_KEY, 'ACTION', 'output_features')
+    max_state_dim, max_action_dim = config.get('max_state_dim'), config.get('max_action_dim')
+    for name, value in (('max_state_dim', max_state_dim), ('max_action_dim', max_action_dim)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise CheckpointError(
+                f'{CONFIG_FILE} {name} must be a positive integer, got {value!r}'
+            )
+    header = read_safetensors_header(folder / WEIGHTS_FILE)
+    check_weight_shapes(
+        header,
+        pi0_weight_shapes(
+            policy_type, sizes, max_state_dim=max_state_dim, max_action_dim=max_action_dim
+        ),
+        source=source,
+        policy_type=policy_type,
+    )
+    pre_map = (normalizer.get('config') or {}).get('norm_map') or {}
+    post_map = (unnormalizer.get('config') or {}).get('norm_map') or {}
+    if _mode(pre_map, 'VISUAL', PREPROCESSOR_FILE) != 'IDENTITY':
+        raise CheckpointError(f'{PREPROCESSOR_FILE} normalizes images: only IDENTITY is served')
+    state_mode = _mode(pre_map, 'STATE', PREPROCESSOR_FILE)
+    action_mode = _mode(post_map, 'ACTION', POSTPROCESSOR_FILE)
+    config_map = config.get('normalization_mapping') or {}
+    for kind, mode in (('STATE', state_mode), ('ACTION', action_mode)):
+        if config_map.get(kind, mode) != mode:
+            raise CheckpointError(
+                f'{CONFIG_FILE} normalization_mapping {kind} {config_map[kind]!r} disagrees '
+                f'with the processor files ({mode!r})'
+            )
+    pre_stats = _statistics(folder, normalizer, PREPROCESSOR_FILE)
+    post_stats = _statistics(folder, unnormalizer, POSTPROCESSOR_FILE)
+    try:
+        return Pi0Spec(
+            policy_type=policy_type,
+            paligemma=sizes.paligemma,
+            expert=sizes.expert,
+            vision=sizes.vision,
+            vocab_size=sizes.vocab_size,
+            chunk_size=config.get('chunk_size'),
+            n_action_steps=config.get('n_action_steps'),
+            max_state_dim=max_state_dim,
+            max_action_dim=max_action_dim,
+            num_inference_steps=config.get('num_inference_steps'),
+            min_period=float(config.get('min_period', 4e-3)),
+            max_period=float(config.get('max_period', 4.0)),
+            tokenizer_max_length=config.get('tokenizer_max_length'),
+            image_size=image_size,
+            camera_keys=cameras,
+            state_dim=state_dim,
+            action_dim=action_dim,
+            dtype=str(config.get('dtype')),
+            weights_file=WEIGHTS_FILE,
+            state_mode=state_mode,
+            action_mode=action_mode,
+            state_statistics=_selected_statistics(
+                pre_stats, STATE_KEY, state_mode, state_dim, PREPROCESSOR_FILE
+            ),
+            action_statistics=_selected_statistics(
+                post_stats, ACTION_KEY, action_mode, action_dim, POSTPROCESSOR_FILE
+            ),
+        )
+    except ValueError as exc:
+        if isinstance(exc, CheckpointError):
+            raise
+        raise CheckpointError(f'{CONFIG_FILE}: {exc}') from None
