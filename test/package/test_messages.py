@@ -55,8 +55,8 @@ def test_step_rejected_names_every_reason_once():
         for name in dir(StepRejected)
         if name.startswith('REASON_')
     }
-    assert len(reasons) == 13
-    assert sorted(reasons.values()) == list(range(1, 14))
+    assert len(reasons) == 14
+    assert sorted(reasons.values()) == list(range(1, 15))
     msg = StepRejected(
         robot_id='arm',
         reason=StepRejected.REASON_INVALID_STATE,
