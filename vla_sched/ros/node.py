@@ -172,7 +172,7 @@ class VlaSchedNode(LifecycleNode):
             max_pixels=self.config.max_image_pixels,
             max_future_stamp_s=self.config.max_future_stamp_s,
             now_ns=self._now_ns,
-            refuse=self.outcomes.refuse,
+            refuse=self.outcomes.refuse_input,
             on_new=self._dispatch,
             max_decode_s=self.config.max_decode_s,
             model_image_size=model_image_sizes(
@@ -343,7 +343,7 @@ class VlaSchedNode(LifecycleNode):
             slot.refuse_state(str(exc))
             now = self._now_ns()
             stamp = stamp_to_ns(msg.header.stamp) or now
-            self.outcomes.refuse(slot, FailureReason.INVALID_STATE, str(exc), stamp, now)
+            self.outcomes.refuse_input(slot, FailureReason.INVALID_STATE, str(exc), stamp, now)
 
     def _on_instruction(self, slot: RobotSlot, msg) -> None:
         try:
@@ -352,7 +352,7 @@ class VlaSchedNode(LifecycleNode):
             slot.refuse_instruction(str(exc))
             self._close_session(slot.robot_id)
             now = self._now_ns()
-            self.outcomes.refuse(slot, FailureReason.INVALID_INSTRUCTION, str(exc), now, now)
+            self.outcomes.refuse_input(slot, FailureReason.INVALID_INSTRUCTION, str(exc), now, now)
             return
         if slot.set_instruction(text):
             self._log_instruction(slot, slot.instruction_changes.add(self._now_ns()))

@@ -10,7 +10,10 @@ messages published on the robot's topics, and keeps the robot's slot in step wit
   marked late;
 - a result that cannot become a chunk (actions of the wrong shape, non-finite, action names
   that do not fit) ends its step with ``INTERNAL_ERROR``;
-- every refusal is published, and logged at most once a second (the check is made here:
+- a refused input message (a bad joint_states, image or instruction: ``refuse_input``) is
+  published at most once per robot and reason per robot period (``RefusalThrottle``; the
+  next one says how many were held), never once per message; every one is counted;
+- every other refusal is published, and logged at most once a second (the check is made here:
   rclpy's own throttle inspects the caller's frame on every call, even one it drops); those
   of an inactive node (``INACTIVE``) are not logged, since the node logs its lifecycle
   transitions.
@@ -18,6 +21,7 @@ messages published on the robot's topics, and keeps the robot's slot in step wit
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Mapping
 
@@ -26,6 +30,7 @@ from rclpy.impl.rcutils_logger import RcutilsLogger
 from vla_sched.ipc.messages import EngineInfo, FailureReason, StepFailure, StepResult
 from vla_sched.ros import outputs
 from vla_sched.ros.node_config import ConfigError
+from vla_sched.ros.refusal_throttle import RefusalThrottle
 from vla_sched.ros.robot_slot import Refusal, RobotSlot
 from vla_sched.ros.robot_topics import RobotTopics
 
@@ -49,6 +54,7 @@ class Outcomes:
         self._late_policy = late_policy
         self._logger = logger
         self._next_refusal_log_s = float('-inf')
+        self._input_refusals = RefusalThrottle()
 
     def result(self, result: StepResult, now: int, info: EngineInfo | None) -> None:
         """Publish ``result``'s chunk if it is its robot's step in flight."""
@@ -105,6 +111,20 @@ class Outcomes:
     ) -> None:
         """Refuse an input stamped ``stamp_ns`` that never became a step."""
         self.publish_refusal(slot.refuse(Refusal(slot.robot_id, 0, stamp_ns, reason, detail), now))
+
+    def refuse_input(
+        self, slot: RobotSlot, reason: FailureReason, detail: str, stamp_ns: int, now: int
+    ) -> None:
+        """Refuse an input message stamped ``stamp_ns`` (counted always, published at most
+        once per robot and reason per robot period)."""
+        refusal = slot.refuse(Refusal(slot.robot_id, 0, stamp_ns, reason, detail), now)
+        held = self._input_refusals.admit((slot.robot_id, reason), now, slot.period_ns)
+        if held is None:
+            return
+        if held:
+            more = f' (and {held} more since the last StepRejected for {reason.value})'
+            refusal = dataclasses.replace(refusal, detail=refusal.detail + more)
+        self.publish_refusal(refusal)
 
     def publish_refusal(self, refusal: Refusal) -> None:
         self._topics[refusal.robot_id].rejected.publish(outputs.step_rejected(refusal))
