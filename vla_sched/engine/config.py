@@ -209,6 +209,18 @@ class EngineConfig:
     stats_period_s: float = setting(
         1.0, 'period of the engine statistics (s)', min_value=0.05, max_value=60.0
     )
+    seed: int = setting(
+        0,
+        "seed of a flow-matching model's noise (with the robot and its step number)",
+        min_value=0,
+        max_value=(1 << 31) - 1,
+        group='engine',
+    )
+    pi0_tokenizer_path: str = setting(
+        '',
+        "pi0 / pi0.5: folder of PaliGemma's tokenizer files (empty: the Hugging Face cache)",
+        group='engine',
+    )
     robots: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

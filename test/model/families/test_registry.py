@@ -79,7 +79,7 @@ def test_the_settings_of_another_family_are_named(openvla_dir):
 @pytest.mark.parametrize(
     ('config', 'named'),
     [
-        ({'type': 'pi0'}, "'type': 'pi0'"),
+        ({'type': 'act'}, "'type': 'act'"),
         ({'model_type': 'mamba'}, "'model_type': 'mamba'"),
         ({}, 'no model_type, type or architectures'),
         (None, 'no config.json'),

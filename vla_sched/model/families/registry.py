@@ -20,6 +20,7 @@ from vla_sched.model.families.protocol import FamilyError, ModelFamily
 FAMILY_NAMES = (
     'openvla_oft',
     'openvla',
+    'pi0',
 )
 
 
