@@ -38,8 +38,15 @@ from one pass) and measures the scheduled core on each, ``scheduled`` (plain Ope
 decoded tokens, one action per step) beside ``scheduled_oft``; the robots of the OFT server
 publish two camera topics and eight joint states.
 
+``--pi0`` writes a tiny pi0 folder (LeRobot's format, two cameras and an 8-value state, 10
+denoising passes for chunks of 10) and serves it with the scheduled core batching every
+robot's prefixes and denoising passes (``scheduled_pi0``) and with the same core one step at
+a time (``one_at_a_time_pi0``: ``scheduler.max_running_requests`` 1, how openpi's server
+runs).
+
     python -m bench.control_loop                          # N = 1 2 4 8 16, ~6 min on 2 cores
     python -m bench.control_loop --oft --robots 1 4 --windows 1
+    python -m bench.control_loop --pi0 --capacity --json pi0.json --markdown pi0.md
     python -m bench.control_loop --robots 8 --duration 20 --json out.json
     python -m bench.control_loop --capacity --json capacity.json --markdown capacity.md
 """
@@ -63,6 +70,9 @@ import yaml
 
 from bench.control_loop_report import (
     OFT_SYSTEM,
+    PI0_ONE_AT_A_TIME,
+    PI0_SYSTEM,
+    PI0_SYSTEMS,
     SYSTEMS,
     TRIGGERS,
     LoopPlan,
@@ -88,6 +98,11 @@ ROOT = Path(__file__).resolve().parents[1]
 OFT_PRESET = 'libero'
 OFT_CAMERAS = ('camera/image_raw', 'wrist/image_raw')
 OFT_JOINTS = ('eef_x', 'eef_y', 'eef_z', 'eef_ax', 'eef_ay', 'eef_az', 'finger_l', 'finger_r')
+# The tiny pi0 server's chunks: 10 actions from 10 denoising passes (pi0's own count); its
+# robots publish the OFT robots' two cameras and eight joint states.
+PI0_CHUNK = 10
+PI0_STEPS = 10
+PI0_TOKENIZER_FOLDER = 'tokenizer'
 
 
 # --- the servers ----------------------------------------------------------------------------
@@ -135,11 +150,13 @@ def node_params(plan: LoopPlan, num_robots: int, system: str = 'scheduled') -> d
     """The node's parameter file for this plan, serving ``system`` (an engine core, or
     ``scheduled_oft``: the scheduled core on ``plan.oft_model_path``)."""
     oft = system == OFT_SYSTEM
+    pi0 = system in PI0_SYSTEMS
+    model_path = plan.oft_model_path if oft else plan.pi0_model_path if pi0 else plan.model_path
     engine = {
         'mode': 'process',
-        'model_path': plan.oft_model_path if oft else plan.model_path,
+        'model_path': model_path,
         'device': plan.device,
-        'core': 'scheduled' if oft else system,
+        'core': 'scheduled' if oft or pi0 else system,
         'heartbeat_timeout_s': 5.0,
         'start_timeout_s': plan.start_timeout_s,
     }
@@ -150,6 +167,9 @@ def node_params(plan: LoopPlan, num_robots: int, system: str = 'scheduled') -> d
     }
     if oft:
         engine['oft_preset'] = OFT_PRESET
+    if pi0:
+        engine['pi0_tokenizer_path'] = str(Path(plan.pi0_model_path) / PI0_TOKENIZER_FOLDER)
+    if oft or pi0:
         robot_defaults['camera_topics'] = list(OFT_CAMERAS)
         robot_defaults['state_joint_names'] = list(OFT_JOINTS)
     values = {
@@ -159,6 +179,8 @@ def node_params(plan: LoopPlan, num_robots: int, system: str = 'scheduled') -> d
         'deadlines': {'step_budget_s': plan.budget_s},
         'diagnostics': {'period_s': 1.0},
     }
+    if system == PI0_ONE_AT_A_TIME:
+        values['scheduler'] = {'max_running_requests': 1}
     for name, value in plan.node_params.items():
         *groups, key = name.split('.')
         target = values
@@ -217,7 +239,7 @@ def run_system(system: str, plan: LoopPlan, folder: Path, env: dict[str, str]) -
 def drive(system: str, num_robots: int, plan: LoopPlan, watch: Watch, server: Server):
     camera_hz = plan.camera_rate_hz or 1.0 / plan.period_s
     fleet_config = FleetConfig(camera_rate_hz=camera_hz)
-    if system == OFT_SYSTEM:
+    if system == OFT_SYSTEM or system in PI0_SYSTEMS:
         fleet_config = FleetConfig(
             camera_rate_hz=camera_hz, camera_topics=OFT_CAMERAS, joint_names=OFT_JOINTS
         )
@@ -466,6 +488,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         'preset, two cameras, state, chunks of 8) and serve each (--model-path is ignored)',
     )
     parser.add_argument(
+        '--pi0',
+        action='store_true',
+        help=f'write a tiny pi0 folder (two cameras, state, chunks of {PI0_CHUNK}) and serve it '
+        f'batched ({PI0_SYSTEM}) and one step at a time ({PI0_ONE_AT_A_TIME})',
+    )
+    parser.add_argument(
         '--node-param',
         nargs='*',
         default=[],
@@ -497,9 +525,13 @@ def plan_from_args(args: argparse.Namespace) -> LoopPlan:
         )
     )
     systems = args.systems or (['scheduled', OFT_SYSTEM] if args.oft else list(CORES))
-    model_path, oft_model_path = args.model_path, ''
+    if args.pi0 and not args.systems:
+        systems = list(PI0_SYSTEMS)
+    model_path, oft_model_path, pi0_model_path = args.model_path, '', ''
     if args.oft:  # the two tiny folders, written now
         model_path, oft_model_path = write_oft_pair(Path(tempfile.mkdtemp(prefix='vla_oft_')))
+    if args.pi0:
+        pi0_model_path = write_tiny_pi0(Path(tempfile.mkdtemp(prefix='vla_pi0_')))
     return LoopPlan(
         robot_counts=tuple(counts),
         period_s=args.period,
@@ -514,6 +546,7 @@ def plan_from_args(args: argparse.Namespace) -> LoopPlan:
         node_params=node_params,
         systems=tuple(systems),
         oft_model_path=oft_model_path,
+        pi0_model_path=pi0_model_path,
     )
 
 
@@ -529,6 +562,22 @@ def write_oft_pair(folder: Path) -> tuple[str, str]:
         folder / 'tiny-openvla-oft', settings=oft_preset(OFT_PRESET), seed=0
     )
     return str(plain), str(oft)
+
+
+def write_tiny_pi0(folder: Path) -> str:
+    """A tiny pi0 folder with its tokenizer (two cameras, eight state values, chunks of
+    ``PI0_CHUNK`` actions from ``PI0_STEPS`` denoising passes) in ``folder``: its path."""
+    from vla_sched.testing.pi0_writer import write_pi0_checkpoint
+
+    written = write_pi0_checkpoint(
+        folder / 'tiny-pi0',
+        tokenizer=True,
+        seed=0,
+        chunk_size=PI0_CHUNK,
+        n_action_steps=PI0_CHUNK,
+        num_inference_steps=PI0_STEPS,
+    )
+    return str(written)
 
 
 def parse_node_param(text: str) -> tuple[str, Any]:

@@ -25,7 +25,13 @@ from vla_sched.engine.config import CORES
 from vla_sched.ros.node_config import TRIGGERS
 
 OFT_SYSTEM = 'scheduled_oft'  # the scheduled core serving LoopPlan.oft_model_path
-SYSTEMS = (*CORES, OFT_SYSTEM)  # the node's engine.core, then OpenVLA-OFT's
+# The scheduled core serving LoopPlan.pi0_model_path, batching every robot's steps, and the
+# same core one step at a time (scheduler.max_running_requests 1: openpi's server model).
+PI0_SYSTEM = 'scheduled_pi0'
+PI0_ONE_AT_A_TIME = 'one_at_a_time_pi0'
+PI0_SYSTEMS = (PI0_SYSTEM, PI0_ONE_AT_A_TIME)
+# The node's engine.core, then OpenVLA-OFT's, then pi0's.
+SYSTEMS = (*CORES, OFT_SYSTEM, *PI0_SYSTEMS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +54,7 @@ class LoopPlan:
     start_timeout_s: float = 300.0
     systems: tuple[str, ...] = CORES
     oft_model_path: str = ''  # an OpenVLA-OFT folder of the LIBERO preset's shapes
+    pi0_model_path: str = ''  # a pi0 folder (two cameras, eight state values)
 
     def __post_init__(self) -> None:
         if not self.robot_counts or min(self.robot_counts) < 1:
@@ -64,6 +71,8 @@ class LoopPlan:
             raise ValueError(f'systems must be among {SYSTEMS}, got {self.systems}')
         if (OFT_SYSTEM in self.systems) != bool(self.oft_model_path):
             raise ValueError(f'system {OFT_SYSTEM} and oft_model_path go together')
+        if bool(set(PI0_SYSTEMS) & set(self.systems)) != bool(self.pi0_model_path):
+            raise ValueError(f'systems {PI0_SYSTEMS} and pi0_model_path go together')
 
 
 @dataclass
