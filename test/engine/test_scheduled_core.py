@@ -9,12 +9,14 @@ import numpy as np
 import pytest
 
 from vla_sched.core.forward_batch import ForwardMode
-from vla_sched.engine.assembly import assemble_core, scheduler_config_for
+from vla_sched.engine.assembly import assemble_core, kv_memory_config_for, scheduler_config_for
 from vla_sched.engine.config import EngineConfig
 from vla_sched.engine.scheduled_core import ScheduledCore
 from vla_sched.ipc.messages import FailureReason, StepFailure, StepRequest, StepResult
+from vla_sched.model.families.protocol import ServingRules
 
 pytestmark = pytest.mark.slow
+RULES = ServingRules(prefill_only=False, min_steps_per_pass=0, num_non_text_tokens=256)
 
 
 def _request(robot_id, step_seq, *, instruction='pick up the cup', version=1, **kw):
@@ -80,6 +82,29 @@ def test_malformed_step_fails_at_once_and_the_engine_keeps_serving(core):
     assert core.submit(_request('r5', 1), time.time_ns()) == []
     (out,) = _drain(core)
     assert isinstance(out, StepResult) and out.robot_id == 'r5'
+
+
+def test_an_instruction_within_the_bytes_but_beyond_the_tokens_is_refused_and_others_served(
+    core,
+):
+    text = '🍎' * 100  # 400 bytes, within limits.max_instruction_bytes
+    limit = core.config.max_instruction_tokens
+    num_tokens = core.served.instruction_tokens(text)
+    assert len(text.encode()) <= core.config.max_instruction_bytes and num_tokens > limit
+    (bad,) = core.submit(_request('r9', 1, instruction=text), time.time_ns())
+    assert bad.reason is FailureReason.INVALID_INSTRUCTION
+    assert bad.detail == f'instruction is {num_tokens} tokens, limit {limit}'
+    assert core.submit(_request('r10', 1), time.time_ns()) == []
+    (out,) = _drain(core)
+    assert isinstance(out, StepResult) and out.robot_id == 'r10'
+
+
+def test_request_rows_are_sized_for_the_tighter_instruction_bound():
+    by_tokens = kv_memory_config_for(EngineConfig(max_instruction_tokens=64), RULES)
+    by_bytes = kv_memory_config_for(EngineConfig(max_instruction_bytes=32), RULES)
+    default = kv_memory_config_for(EngineConfig(), RULES)
+    assert by_bytes.max_context_len < by_tokens.max_context_len < default.max_context_len
+    assert default.max_context_len - by_tokens.max_context_len == 256 - 64
 
 
 def test_a_newer_step_supersedes_the_waiting_one(core):

@@ -199,7 +199,9 @@ def test_a_pass_holds_several_of_the_longest_steps_a_row_takes(core):
     chunk = core.scheduler.config.chunked_prefill_size
     row = core.memory.config.max_context_len
     prompts = core.served.translator.prompts
-    longest = prompts.build('x' * core.config.max_instruction_bytes).token_ids
+    # One token per byte of this text: the tighter bound is the longest instruction accepted.
+    text_bound = min(core.config.max_instruction_bytes, core.config.max_instruction_tokens)
+    longest = prompts.build('x' * text_bound).token_ids
     assert len(longest) <= row and chunk >= 4 * row and chunk % core.config.page_size == 0
 
 

@@ -7,7 +7,11 @@ import pytest
 
 from vla_sched.engine.config import EngineConfig, EngineConfigError
 from vla_sched.engine.core_stats import new_metrics
-from vla_sched.engine.step_checks import check_step_request, refuse_malformed
+from vla_sched.engine.step_checks import (
+    InstructionTokenLimit,
+    check_step_request,
+    refuse_malformed,
+)
 from vla_sched.ipc.messages import EngineInfo, FailureReason, StepRequest
 
 
@@ -141,3 +145,40 @@ def test_engine_config_names_the_bad_setting():
     assert config.robot_center_crop('cam') and not config.robot_center_crop('arm')
     assert not config.robot_center_crop('other')
     assert EngineConfig.from_mapping(config.to_mapping()) == config
+
+
+def _words(text: str) -> int:
+    return len(text.split())
+
+
+def test_an_instruction_beyond_the_token_limit_is_refused_naming_the_count_and_the_limit():
+    limit = InstructionTokenLimit(3, _words)
+    assert check_step_request(
+        _request(instruction='stack the cups'), num_state=7, max_instruction_bytes=64,
+        num_images=1, token_limit=limit,
+    ) is None  # fmt: skip
+    failure = check_step_request(
+        _request(instruction='stack all the cups'), num_state=7, max_instruction_bytes=64,
+        num_images=1, token_limit=limit,
+    )  # fmt: skip
+    assert failure is not None and failure.reason is FailureReason.INVALID_INSTRUCTION
+    assert failure.detail == 'instruction is 4 tokens, limit 3'
+
+
+def test_the_byte_bound_is_checked_before_any_token_is_counted():
+    counted: list[str] = []
+    limit = InstructionTokenLimit(1000, lambda text: counted.append(text) or 1)
+    failure = check_step_request(
+        _request(instruction='x' * 65), num_state=7, max_instruction_bytes=64, num_images=1,
+        token_limit=limit,
+    )  # fmt: skip
+    assert failure is not None and 'bytes' in failure.detail
+    assert counted == []
+
+
+def test_a_repeated_instruction_is_counted_once():
+    counted: list[str] = []
+    limit = InstructionTokenLimit(10, lambda text: counted.append(text) or _words(text))
+    for _ in range(5):
+        assert limit.problem('stack the cups') is None
+    assert counted == ['stack the cups']

@@ -104,15 +104,16 @@ def kv_memory_config_for(c: EngineConfig, rules: ServingRules) -> KVMemoryConfig
     """The KV memory the engine sizes from ``c`` for a family's ``rules``.
 
     A request row (``max_context_len``, whole pages) holds the longest prompt the engine
-    accepts (instruction bytes bound its tokens, ``PROMPT_MARGIN_TOKENS`` of template, the
-    step's other tokens as the family counts them, ``CONTEXT_RESERVE_TOKENS``). A session
+    accepts (the instruction's tokens, bounded by ``max_instruction_tokens`` and by its bytes
+    (a token is at least a byte), whichever is tighter; ``PROMPT_MARGIN_TOKENS`` of template;
+    the step's other tokens as the family counts them; ``CONTEXT_RESERVE_TOKENS``). A session
     step's own KV is freed when it ends; a session idle for ``session_idle_timeout_s`` is
     closed.
     """
+    text_tokens = min(c.max_instruction_bytes, c.max_instruction_tokens)
     num_tokens = (
-        c.max_instruction_bytes + PROMPT_MARGIN_TOKENS + rules.num_non_text_tokens
-        + CONTEXT_RESERVE_TOKENS
-    )  # fmt: skip
+        text_tokens + PROMPT_MARGIN_TOKENS + rules.num_non_text_tokens + CONTEXT_RESERVE_TOKENS
+    )
     return KVMemoryConfig(
         num_pages=c.kv_pool_tokens // c.page_size,
         page_size=c.page_size,

@@ -63,6 +63,10 @@ class EngineConfig:
     differs from OpenVLA's exactly when a non-action token would win), ``auto`` the
     checkpoint's own: ``whole_vocab`` for OpenVLA folders, ``action_range`` otherwise.
 
+    ``max_instruction_tokens`` bounds an instruction in the model's tokens (counted by the
+    checkpoint's family; a step beyond it is refused as INVALID_INSTRUCTION) as
+    ``max_instruction_bytes`` bounds its bytes; a request row holds the tighter of the two.
+
     The settings without a group are not parameters of their own: the node fills them in
     from its ``deadlines``, ``limits`` and ``diagnostics`` settings and its robots' settings
     (``robots``: ``{robot_id: {'priority': int, 'center_crop': bool}}``, each key optional;
@@ -205,6 +209,13 @@ class EngineConfig:
     )
     max_instruction_bytes: int = setting(
         1024, 'longest accepted instruction (UTF-8 bytes)', min_value=1, max_value=1 << 20
+    )
+    max_instruction_tokens: int = setting(
+        256,
+        "longest accepted instruction in the model's tokens (a step's pass grows with it)",
+        min_value=1,
+        max_value=1 << 20,
+        group='engine',
     )
     stats_period_s: float = setting(
         1.0, 'period of the engine statistics (s)', min_value=0.05, max_value=60.0

@@ -17,7 +17,7 @@ from vla_sched.core.scheduling.request import AbortReason, Req
 from vla_sched.engine.assembly import CoreParts, assemble_core
 from vla_sched.engine.config import EngineConfig
 from vla_sched.engine.core_stats import engine_stats
-from vla_sched.engine.step_checks import refuse_malformed
+from vla_sched.engine.step_checks import InstructionTokenLimit, refuse_malformed
 from vla_sched.ipc.messages import (
     EngineInfo,
     EngineStats,
@@ -58,6 +58,9 @@ class ScheduledCore:
         self.memory = parts.memory
         self.scheduler = parts.build_scheduler()
         self._info = parts.info
+        self._token_limit = InstructionTokenLimit(
+            parts.config.max_instruction_tokens, parts.served.instruction_tokens
+        )
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> ScheduledCore:
@@ -72,7 +75,9 @@ class ScheduledCore:
     # ---- steps -------------------------------------------------------------------------
 
     def submit(self, request: StepRequest, now_ns: int) -> list[StepFailure]:
-        refused = refuse_malformed(request, self._info, self.scheduler.metrics)
+        refused = refuse_malformed(
+            request, self._info, self.scheduler.metrics, token_limit=self._token_limit
+        )
         if refused:
             return refused
         step = self.served.translate(request)

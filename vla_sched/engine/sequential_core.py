@@ -23,7 +23,7 @@ from vla_sched.engine.core_stats import (
     record_failure,
 )
 from vla_sched.engine.device_choice import pick_device_and_dtype
-from vla_sched.engine.step_checks import refuse_malformed
+from vla_sched.engine.step_checks import InstructionTokenLimit, refuse_malformed
 from vla_sched.ipc.messages import (
     EngineInfo,
     EngineStats,
@@ -43,6 +43,9 @@ class SequentialCore:
         self.device, self.dtype = pick_device_and_dtype(config)
         served = open_served(folder, config)
         self.baseline = served.one_step_baseline(device=self.device, dtype=self.dtype)
+        self._token_limit = InstructionTokenLimit(
+            config.max_instruction_tokens, served.instruction_tokens
+        )
         self._info = engine_info(
             served,
             max_instruction_bytes=config.max_instruction_bytes,
@@ -64,7 +67,9 @@ class SequentialCore:
         return self._info
 
     def submit(self, request: StepRequest, now_ns: int) -> list[StepFailure]:
-        refused = refuse_malformed(request, self._info, self.metrics)
+        refused = refuse_malformed(
+            request, self._info, self.metrics, token_limit=self._token_limit
+        )
         if refused:
             return refused
         waiting = self._waiting.get(request.robot_id)

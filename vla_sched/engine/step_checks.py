@@ -1,7 +1,16 @@
-"""Checks every step request before it reaches a model: bad input becomes a StepFailure."""
+"""Checks every step request before it reaches a model: bad input becomes a StepFailure.
+
+An instruction is bounded twice: in UTF-8 bytes (``EngineInfo.max_instruction_bytes``, which
+the node also checks) and in the model's tokens (``InstructionTokenLimit``: the family counts,
+the engine only compares), so a short text that tokenizes long (emoji, CJK) cannot grow a
+step's pass past what the others' deadlines allow.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -13,6 +22,34 @@ if TYPE_CHECKING:
     from vla_sched.core.scheduling.metrics import SchedulerMetrics
 
 MAX_IMAGE_SIDE = 4096
+TOKEN_COUNT_CACHE_SIZE = 256  # instructions whose token counts are kept (robots repeat theirs)
+
+
+@dataclass(frozen=True)
+class InstructionTokenLimit:
+    """The longest instruction in the model's tokens, and how to count them.
+
+    Attributes:
+        max_tokens: the bound (``EngineConfig.max_instruction_tokens``).
+        count: an instruction's tokens (the family's ``ServedModel.instruction_tokens``);
+            each text is counted once while it stays among the last few counted.
+    """
+
+    max_tokens: int
+    count: Callable[[str], int]
+    _cached: Callable[[str], int] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1:
+            raise ValueError(f'max_tokens must be >= 1, got {self.max_tokens}')
+        object.__setattr__(self, '_cached', lru_cache(TOKEN_COUNT_CACHE_SIZE)(self.count))
+
+    def problem(self, text: str) -> str | None:
+        """Why ``text`` is too long in tokens, or None."""
+        num_tokens = self._cached(text)
+        if num_tokens <= self.max_tokens:
+            return None
+        return f'instruction is {num_tokens} tokens, limit {self.max_tokens}'
 
 
 def _image_problem(images: tuple[np.ndarray, ...], *, num_images: int) -> str | None:
@@ -32,9 +69,15 @@ def _image_problem(images: tuple[np.ndarray, ...], *, num_images: int) -> str | 
 
 
 def check_step_request(
-    request: StepRequest, *, num_state: int, max_instruction_bytes: int, num_images: int
+    request: StepRequest,
+    *,
+    num_state: int,
+    max_instruction_bytes: int,
+    num_images: int,
+    token_limit: InstructionTokenLimit | None = None,
 ) -> StepFailure | None:
-    """The reason ``request`` cannot be served, or None if it is well-formed."""
+    """The reason ``request`` cannot be served, or None if it is well-formed (its instruction
+    counted in tokens only under ``token_limit``, after the byte bound)."""
 
     def fail(reason: FailureReason, detail: str) -> StepFailure:
         return StepFailure(request.robot_id, request.step_seq, request.stamp_ns, reason, detail)
@@ -60,13 +103,19 @@ def check_step_request(
             FailureReason.INVALID_INSTRUCTION,
             f'instruction is {num_bytes} bytes, limit {max_instruction_bytes}',
         )
+    if token_limit is not None and (problem := token_limit.problem(text)) is not None:
+        return fail(FailureReason.INVALID_INSTRUCTION, problem)
     if request.deadline_ns < request.stamp_ns:
         return fail(FailureReason.DEADLINE_MISSED, 'deadline is before the observation stamp')
     return None
 
 
 def refuse_malformed(
-    request: StepRequest, info: EngineInfo, metrics: SchedulerMetrics
+    request: StepRequest,
+    info: EngineInfo,
+    metrics: SchedulerMetrics,
+    *,
+    token_limit: InstructionTokenLimit | None = None,
 ) -> list[StepFailure]:
     """``[failure]`` for a step that cannot be served by the engine ``info`` describes
     (counted in ``metrics``), else ``[]``: the check both cores make before a step reaches
@@ -76,6 +125,7 @@ def refuse_malformed(
         num_state=info.num_state,
         max_instruction_bytes=info.max_instruction_bytes,
         num_images=info.num_images,
+        token_limit=token_limit,
     )
     if failure is None:
         return []

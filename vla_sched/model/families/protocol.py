@@ -10,7 +10,8 @@ it serves:
   without I/O; ``check_folder``, JSON only, cheap enough for a node's start-up) and the
   ``ServedModel`` of a folder (``open``).
 - ``ServedModel`` serves one checkpoint: a robot's step becomes a scheduler ``Req``
-  (``translate``), a finished request becomes its action chunk (``actions_of``), the model
+  (``translate``), an instruction's length in the model's tokens (``instruction_tokens``,
+  which the engine bounds), a finished request becomes its action chunk (``actions_of``), the model
   runner the scheduler launches passes on (``build_runner``), what a step takes and returns
   (``shape``) and the scheduling rules the family's requests need (``rules``: data the
   scheduler honours, never a branch on the family's types).
@@ -173,6 +174,11 @@ class ServedModel(Protocol):
 
     def translate(self, step: StepFields) -> TranslatedStep:
         """The scheduler's request for a well-formed ``step`` (checked before it comes)."""
+        ...
+
+    def instruction_tokens(self, text: str) -> int:
+        """How many tokens ``text`` takes in a step's prompt as the model tokenizes it (the
+        instruction alone, without the template or special tokens)."""
         ...
 
     def actions_of(self, req: Req) -> np.ndarray:

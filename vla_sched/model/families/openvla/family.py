@@ -135,6 +135,9 @@ class TokenActionModel:
     def translate(self, step: StepFields) -> TranslatedStep:
         return self.translator.translate(step)
 
+    def instruction_tokens(self, text: str) -> int:
+        return self.prompts.instruction_tokens(text)
+
     def actions_of(self, req: Req) -> np.ndarray:
         actions = self.decoder.decode(req.output_ids, clip_to_bins=self.whole_vocab)
         return actions.astype(np.float32)

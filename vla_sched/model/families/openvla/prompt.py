@@ -105,6 +105,12 @@ class VLAPromptBuilder:
         """Token ids of ``text`` without special tokens."""
         return list(self.tokenizer.encode(text, add_special_tokens=False).ids)
 
+    def instruction_tokens(self, instruction: str) -> int:
+        """Tokens of ``instruction`` alone, as the template takes it (lowercased when it
+        lowercases), without the template's text or special tokens."""
+        lower = self.spec.prompt.lowercase_instruction
+        return len(self.encode_text(instruction.lower() if lower else instruction))
+
     def state_token_ids(self, state: np.ndarray) -> list[int]:
         """Joint state -> tokens: normalized with the proprio statistics, then binned."""
         stats = select_statistics(self.spec.proprio_statistics, self.spec.unnorm_key)

@@ -154,9 +154,10 @@ class ParallelPassModel:
         self.folder = folder
         self.spec = spec
         self.model_name = folder.name
+        self.prompts = OFTPromptBuilder.from_checkpoint(folder, spec)
         self.translator = OFTStepTranslator(
             spec,
-            OFTPromptBuilder.from_checkpoint(folder, spec),
+            self.prompts,
             model_name=self.model_name,
             center_crop_robots=options.center_crop_robots,
         )
@@ -165,6 +166,9 @@ class ParallelPassModel:
 
     def translate(self, step: StepFields) -> TranslatedStep:
         return self.translator.translate(step)
+
+    def instruction_tokens(self, text: str) -> int:
+        return self.prompts.instruction_tokens(text)
 
     def actions_of(self, req: Req) -> np.ndarray:
         return np.asarray(req.action_chunk, dtype=np.float32)

@@ -148,6 +148,10 @@ class OFTPromptBuilder:
         base = VLAPromptBuilder.from_checkpoint(folder, spec.base)
         return cls(spec, base.tokenizer, bos_token_id=base.bos_token_id)
 
+    def instruction_tokens(self, instruction: str) -> int:
+        """Tokens of ``instruction`` alone in OpenVLA's prompt (``VLAPromptBuilder``)."""
+        return self._prompts.instruction_tokens(instruction)
+
     def build(self, instruction: str) -> OFTPrompt:
         """The whole sequence of one step for ``instruction`` with the settings' cameras
         and proprio."""

@@ -94,6 +94,9 @@ class FlowMatchingModel:
     def translate(self, step: StepFields) -> TranslatedStep:
         return self.translator.translate(step)
 
+    def instruction_tokens(self, text: str) -> int:
+        return self.processor.instruction_tokens(text)
+
     def actions_of(self, req: Req) -> np.ndarray:
         actions = self.processor.unnormalize_actions(req.action_chunk)
         return actions.numpy().astype(np.float32)

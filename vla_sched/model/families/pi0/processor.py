@@ -185,6 +185,10 @@ class Pi0Processor:
         bins = ' '.join(map(str, discretize_state(self._normalized_state(state))))
         return f'Task: {cleaned}, State: {bins};\nAction: '
 
+    def instruction_tokens(self, instruction: str) -> int:
+        """Tokens of ``instruction`` alone (no ``<bos>``, no template text)."""
+        return len(self.tokenizer(instruction, add_special_tokens=False)['input_ids'])
+
     def prompt_ids(self, instruction: str, state: Sequence[float] | np.ndarray) -> tuple[int, ...]:
         """The prompt's valid token ids (``<bos>`` first), truncated to
         ``tokenizer_max_length`` as LeRobot does; pi0 ignores ``state`` here."""
