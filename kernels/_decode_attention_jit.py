@@ -20,9 +20,12 @@ import torch
 import triton
 import triton.language as tl
 
+from vla_sched.kernels._validate import check_interpreter_numpy
 from vla_sched.kernels.attention_configs import DecodeConfig
+from vla_sched.kernels.residency import KernelBuild, build_of, record_launch
 
 LOG2E = 1.4426950408889634  # scores are kept in base 2 so the kernels can use exp2
+STAGE2_WARPS, STAGE2_STAGES = 4, 2
 
 
 @triton.jit
@@ -181,6 +184,81 @@ def _decode_stage2_kernel(
     tl.store(out_ptr + out_offs + offs_dv, result.to(out_ptr.dtype.element_ty), mask=mask_dv)
 
 
+def stage1_constexprs(
+    *,
+    num_q_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    v_head_dim: int,
+    max_kv_splits: int,
+    config: DecodeConfig,
+    dot_fp32: bool,
+) -> dict:
+    """Stage 1's compile-time arguments for a shape and launch config: what a launch
+    compiles, and what a build check or the residency of ``stage1_build`` compiles."""
+    group = num_q_heads // num_kv_heads
+    return dict(
+        NUM_Q_HEADS=num_q_heads,
+        NUM_KV_HEADS=num_kv_heads,
+        GROUP=group,
+        NUM_HEAD_BLOCKS=triton.cdiv(group, config.block_h),
+        HEAD_DIM=head_dim,
+        V_HEAD_DIM=v_head_dim,
+        MAX_KV_SPLITS=max_kv_splits,
+        SPLIT_ALIGN=config.split_align,
+        BLOCK_H=config.block_h,
+        BLOCK_N=config.block_n,
+        BLOCK_D=triton.next_power_of_2(head_dim),
+        BLOCK_DV=triton.next_power_of_2(v_head_dim),
+        DOT_FP32=dot_fp32,
+    )
+
+
+def stage1_build(
+    *,
+    dtype: torch.dtype,
+    num_q_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    v_head_dim: int,
+    max_kv_splits: int,
+    config: DecodeConfig,
+) -> KernelBuild:
+    """Compiles stage 1 for the current CUDA device without launching it (Triton's warmup,
+    which fills the same kernel cache a launch reads) and returns its build: 16-byte aligned
+    tensors of ``dtype`` (int64 request indices and lengths, as the engine passes them) and
+    strides divisible by 16, as a launch from the model has them."""
+    constexprs = stage1_constexprs(
+        num_q_heads=num_q_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        v_head_dim=v_head_dim,
+        max_kv_splits=max_kv_splits,
+        config=config,
+        dot_fp32=dtype == torch.float32,
+    )
+    compiled = _decode_stage1_kernel.warmup(
+        dtype,  # q
+        dtype,  # k_cache
+        dtype,  # v_cache
+        torch.int32,  # req_to_token
+        torch.int64,  # req_pool_indices
+        torch.int64,  # seq_lens
+        torch.int32,  # num_kv_splits
+        torch.float32,  # attn_logits
+        torch.float32,  # attn_lse
+        1.0,
+        num_q_heads * head_dim,
+        head_dim,
+        16,
+        grid=(1,),
+        **constexprs,
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
+    )
+    return build_of(compiled)
+
+
 def launch_decode_attention(
     *,
     q: torch.Tensor,
@@ -197,15 +275,24 @@ def launch_decode_attention(
     config: DecodeConfig,
 ) -> None:
     """Launches stage 1 with ``config`` and stage 2; every argument was validated by the
-    caller."""
+    caller. On a GPU each variant launched is recorded (``residency.record_launch``)."""
+    if q.device.type != 'cuda':
+        check_interpreter_numpy()
     batch_size, num_q_heads, head_dim = q.shape
     num_kv_heads, v_head_dim = v_cache.shape[1], v_cache.shape[2]
-    group = num_q_heads // num_kv_heads
     max_kv_splits = attn_logits.shape[2]
-    num_head_blocks = triton.cdiv(group, config.block_h)
-    block_dv = triton.next_power_of_2(v_head_dim)
-    dot_fp32 = q.dtype == torch.float32 or q.device.type != 'cuda'
-    _decode_stage1_kernel[(batch_size, num_kv_heads * num_head_blocks, max_kv_splits)](
+    constexprs = stage1_constexprs(
+        num_q_heads=num_q_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        v_head_dim=v_head_dim,
+        max_kv_splits=max_kv_splits,
+        config=config,
+        dot_fp32=q.dtype == torch.float32 or q.device.type != 'cuda',
+    )
+    stage1 = _decode_stage1_kernel[
+        (batch_size, num_kv_heads * constexprs['NUM_HEAD_BLOCKS'], max_kv_splits)
+    ](
         q,
         k_cache,
         v_cache,
@@ -219,23 +306,18 @@ def launch_decode_attention(
         q.stride(0),
         q.stride(1),
         req_to_token.stride(0),
-        NUM_Q_HEADS=num_q_heads,
-        NUM_KV_HEADS=num_kv_heads,
-        GROUP=group,
-        NUM_HEAD_BLOCKS=num_head_blocks,
-        HEAD_DIM=head_dim,
-        V_HEAD_DIM=v_head_dim,
-        MAX_KV_SPLITS=max_kv_splits,
-        SPLIT_ALIGN=config.split_align,
-        BLOCK_H=config.block_h,
-        BLOCK_N=config.block_n,
-        BLOCK_D=triton.next_power_of_2(head_dim),
-        BLOCK_DV=block_dv,
-        DOT_FP32=dot_fp32,
+        **constexprs,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
     )
-    _decode_stage2_kernel[(batch_size, num_q_heads)](
+    stage2_constexprs = dict(
+        NUM_Q_HEADS=num_q_heads,
+        V_HEAD_DIM=v_head_dim,
+        MAX_KV_SPLITS=max_kv_splits,
+        SPLIT_ALIGN=config.split_align,
+        BLOCK_DV=constexprs['BLOCK_DV'],
+    )
+    stage2 = _decode_stage2_kernel[(batch_size, num_q_heads)](
         attn_logits,
         attn_lse,
         seq_lens,
@@ -243,11 +325,13 @@ def launch_decode_attention(
         out,
         out.stride(0),
         out.stride(1),
-        NUM_Q_HEADS=num_q_heads,
-        V_HEAD_DIM=v_head_dim,
-        MAX_KV_SPLITS=max_kv_splits,
-        SPLIT_ALIGN=config.split_align,
-        BLOCK_DV=block_dv,
-        num_warps=4,
-        num_stages=2,
+        **stage2_constexprs,
+        num_warps=STAGE2_WARPS,
+        num_stages=STAGE2_STAGES,
     )
+    if q.device.type == 'cuda':
+        dtype = str(q.dtype).removeprefix('torch.')
+        variant = dict(constexprs, dtype=dtype, num_stages=config.num_stages)
+        record_launch('decode_stage1', variant, stage1, q.device)
+        variant = dict(stage2_constexprs, dtype=dtype, num_stages=STAGE2_STAGES)
+        record_launch('decode_stage2', variant, stage2, q.device)

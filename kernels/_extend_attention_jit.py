@@ -25,7 +25,9 @@ import torch
 import triton
 import triton.language as tl
 
+from vla_sched.kernels._validate import check_interpreter_numpy
 from vla_sched.kernels.attention_configs import ExtendConfig
+from vla_sched.kernels.residency import record_launch
 
 LOG2E = 1.4426950408889634
 
@@ -217,6 +219,8 @@ def launch_extend_attention(
     config: ExtendConfig,
 ) -> None:
     """Launches the kernel with ``config``; every argument was validated by the caller."""
+    if q.device.type != 'cuda':
+        check_interpreter_numpy()
     _, num_q_heads, head_dim = q.shape
     num_kv_heads, v_head_dim = v_cache.shape[1], v_cache.shape[2]
     group = num_q_heads // num_kv_heads
@@ -225,7 +229,20 @@ def launch_extend_attention(
         raise ValueError(f'heads_per_program must be 1 or the GQA group {group}, got {heads}')
     num_token_blocks = triton.cdiv(max_extend_len, config.tokens_per_program)
     grid = (num_token_blocks, num_q_heads // heads, req_pool_indices.shape[0])
-    _extend_kernel[grid](
+    constexprs = dict(
+        NUM_KV_HEADS=num_kv_heads,
+        GROUP=group,
+        HEADS_PER_PROGRAM=heads,
+        HEAD_DIM=head_dim,
+        V_HEAD_DIM=v_head_dim,
+        BLOCK_M=config.block_m,
+        BLOCK_N=config.block_n,
+        BLOCK_D=triton.next_power_of_2(head_dim),
+        BLOCK_DV=triton.next_power_of_2(v_head_dim),
+        HAS_IMAGE_SPANS=image_spans is not None,
+        DOT_FP32=q.dtype == torch.float32 or q.device.type != 'cuda',
+    )
+    compiled = _extend_kernel[grid](
         q,
         k,
         v,
@@ -248,17 +265,11 @@ def launch_extend_attention(
         out.stride(0),
         out.stride(1),
         req_to_token.stride(0),
-        NUM_KV_HEADS=num_kv_heads,
-        GROUP=group,
-        HEADS_PER_PROGRAM=heads,
-        HEAD_DIM=head_dim,
-        V_HEAD_DIM=v_head_dim,
-        BLOCK_M=config.block_m,
-        BLOCK_N=config.block_n,
-        BLOCK_D=triton.next_power_of_2(head_dim),
-        BLOCK_DV=triton.next_power_of_2(v_head_dim),
-        HAS_IMAGE_SPANS=image_spans is not None,
-        DOT_FP32=q.dtype == torch.float32 or q.device.type != 'cuda',
+        **constexprs,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
     )
+    if q.device.type == 'cuda':
+        dtype = str(q.dtype).removeprefix('torch.')
+        variant = dict(constexprs, dtype=dtype, num_stages=config.num_stages)
+        record_launch('extend', variant, compiled, q.device)

@@ -13,6 +13,8 @@ import torch
 import triton
 import triton.language as tl
 
+from vla_sched.kernels.residency import record_launch
+
 
 @triton.jit
 def _store_kv_kernel(
@@ -63,7 +65,7 @@ def launch_store_kv(
     """Launches one program per token; every argument was validated by the caller."""
     num_tokens, num_kv_heads, head_dim = k.shape
     v_head_dim = v.shape[2]
-    _store_kv_kernel[(num_tokens,)](
+    compiled = _store_kv_kernel[(num_tokens,)](
         k,
         v,
         k_cache,
@@ -81,3 +83,6 @@ def launch_store_kv(
         BLOCK_DV=triton.next_power_of_2(v_head_dim),
         num_warps=4,
     )
+    if k.device.type == 'cuda':
+        variant = dict(dtype=str(k.dtype).removeprefix('torch.'), HEAD_DIM=head_dim)
+        record_launch('store_kv', dict(variant, NUM_KV_HEADS=num_kv_heads), compiled, k.device)

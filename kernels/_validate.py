@@ -9,6 +9,7 @@ torch indexing.
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -174,4 +175,27 @@ def check_slot_table_reads(
         raise IndexError(
             f'request {req}: req_to_token[{row}, {position}] = {int(slots[req, position])} is '
             f'outside the KV cache [0, {num_slots})'
+        )
+
+
+@functools.cache
+def check_interpreter_numpy() -> None:
+    """Refuses Triton's CPU interpreter before 3.8 with numpy 2.4 or newer, with what to
+    pin: that interpreter turns a loop bound read from memory (the ``range`` over a request's
+    split or prefix in the attention kernels) into a Python int through ``int()`` of a
+    one-element array, which numpy 2.4 refuses ('only 0-dimensional arrays can be converted
+    to Python scalars'); Triton 3.8's interpreter squeezes it first. Compiled kernels on a
+    GPU are not concerned."""
+    import numpy
+    import triton
+
+    def major_minor(version: str) -> tuple[int, int]:
+        major, minor = version.split('.')[:2]
+        return int(major), int(''.join(c for c in minor if c.isdigit()) or 0)
+
+    if major_minor(triton.__version__) < (3, 8) and major_minor(numpy.__version__) >= (2, 4):
+        raise RuntimeError(
+            f"Triton {triton.__version__}'s interpreter cannot run the attention kernels with "
+            f'numpy {numpy.__version__}: install numpy<2.4 (or Triton >= 3.8) to run them on '
+            'the CPU'
         )

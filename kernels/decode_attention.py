@@ -26,6 +26,8 @@ layer.
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from vla_sched.kernels import _validate as checks
@@ -35,6 +37,12 @@ from vla_sched.kernels.attention_configs import (
     decode_config,
 )
 from vla_sched.kernels.decode_reads import decode_attention_over_reads, decode_reads
+from vla_sched.kernels.residency import (
+    DeviceLimits,
+    KernelBuild,
+    device_limits,
+    resident_programs,
+)
 
 
 def _check_decode_inputs(
@@ -275,6 +283,8 @@ def choose_num_kv_splits(
     head_dim: int = 128,
     itemsize: int = 2,
     config: DecodeConfig | None = None,
+    dtype: torch.dtype | None = None,
+    v_head_dim: int | None = None,
 ) -> torch.Tensor:
     """Picks each request's KV split count without leaving the device.
 
@@ -283,7 +293,9 @@ def choose_num_kv_splits(
     streams: the stage-1 programs of all requests at that count fill ``ceil(programs /
     (num_sms * programs_per_sm))`` waves, and in each wave a program streams its split's
     tiles after ``num_stages - 1`` tiles of pipeline start-up. Fewer splits win ties (less
-    scratch to write and merge).
+    scratch to write and merge). On CUDA ``programs_per_sm`` is what the compiled stage-1
+    kernel fits on that device (:func:`device_decode_config`); the config's own number is
+    the fallback off CUDA.
 
     Args:
         seq_lens: [B] tokens each request attends to.
@@ -294,6 +306,8 @@ def choose_num_kv_splits(
         head_dim, itemsize: the query's head dim and element size, which pick the launch
             config when ``config`` is None (on the device of ``seq_lens``).
         config: the stage-1 launch the splits are for.
+        dtype: the query's dtype (None: bfloat16 for ``itemsize`` 2, float32 for 4), and
+        v_head_dim: the value head dim (None: ``head_dim``), the build compiled on CUDA.
 
     Returns:
         [B] int32 split counts in ``1..max_kv_splits``.
@@ -301,13 +315,24 @@ def choose_num_kv_splits(
     group = checks.check_gqa_heads(num_q_heads, num_kv_heads)
     if max_kv_splits < 1:
         raise ValueError(f'max_kv_splits must be >= 1, got {max_kv_splits}')
+    device = seq_lens.device
     if config is None:
-        on_gpu = seq_lens.device.type == 'cuda'
+        on_gpu = device.type == 'cuda'
         config = decode_config(head_dim=head_dim, group=group, itemsize=itemsize, on_gpu=on_gpu)
+    if device.type == 'cuda':
+        config = device_decode_config(
+            config,
+            dtype=dtype or (torch.float32 if itemsize == 4 else torch.bfloat16),
+            num_q_heads=num_q_heads,
+            num_kv_heads=num_kv_heads,
+            head_dim=head_dim,
+            v_head_dim=v_head_dim or head_dim,
+            max_kv_splits=max_kv_splits,
+            device=device,
+        )
     head_programs = num_kv_heads * -(-group // config.block_h)
     programs_per_split = max(seq_lens.shape[0] * head_programs, 1)
     num_slots = max(num_sms, 1) * config.programs_per_sm
-    device = seq_lens.device
     splits = torch.arange(1, max_kv_splits + 1, device=device)
     # Device arithmetic only (no host tensors): the model captures this in its decode graphs.
     waves = torch.div(
@@ -324,6 +349,64 @@ def choose_num_kv_splits(
     )
     cost = torch.where(splits <= by_length.clamp(min=1), cost, torch.iinfo(torch.int64).max)
     return (torch.argmin(cost, dim=1) + 1).to(torch.int32)
+
+
+_DEVICE_CONFIGS: dict[tuple, DecodeConfig] = {}
+
+
+def device_decode_config(
+    config: DecodeConfig,
+    *,
+    dtype: torch.dtype,
+    num_q_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    v_head_dim: int,
+    max_kv_splits: int,
+    device: torch.device,
+) -> DecodeConfig:
+    """``config`` with ``programs_per_sm`` set to the stage-1 programs one SM of CUDA
+    device ``device`` holds with the compiled kernel of this variant (its registers, shared
+    memory and warps against the device's limits, ``residency``); compiled once per variant
+    and device, then cached. Off CUDA ``config`` as it is (its number is the fallback)."""
+    device = torch.device(device)
+    if device.type != 'cuda':
+        return config
+    if device.index is None:
+        device = torch.device('cuda', torch.cuda.current_device())
+    shape = (dtype, num_q_heads, num_kv_heads, head_dim, v_head_dim, max_kv_splits)
+    key = (device.index, shape, config)
+    resolved = _DEVICE_CONFIGS.get(key)
+    if resolved is None:
+        with torch.cuda.device(device):
+            build = decode_build(config, shape=shape)
+        resolved = config_for_build(config, build, device_limits(device))
+        _DEVICE_CONFIGS[key] = resolved
+    return resolved
+
+
+def config_for_build(config: DecodeConfig, build: KernelBuild, limits: DeviceLimits):
+    """``config`` planning with the programs one SM of ``limits`` holds with ``build``, its
+    compiled stage 1: what the split rule counts on a device (and the sm_90 build check
+    counts without one)."""
+    return dataclasses.replace(config, programs_per_sm=resident_programs(build, limits))
+
+
+def decode_build(config: DecodeConfig, *, shape: tuple) -> KernelBuild:
+    """The stage-1 build of ``config`` for ``shape`` (dtype, query heads, KV heads, head
+    dim, value head dim, max splits) on the current CUDA device."""
+    from vla_sched.kernels._decode_attention_jit import stage1_build
+
+    dtype, num_q_heads, num_kv_heads, head_dim, v_head_dim, max_kv_splits = shape
+    return stage1_build(
+        dtype=dtype,
+        num_q_heads=num_q_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        v_head_dim=v_head_dim,
+        max_kv_splits=max_kv_splits,
+        config=config,
+    )
 
 
 def device_num_sms(device: torch.device) -> int:
@@ -389,7 +472,10 @@ def run_decode_attention(
         num_kv_heads=k_cache.shape[1],
         max_kv_splits=max_kv_splits,
         num_sms=device_num_sms(q.device),
+        head_dim=q.shape[2],
         config=_default_config(q, k_cache),
+        dtype=q.dtype,
+        v_head_dim=v_head_dim,
     )
     decode_attention(
         **common, out=out, attn_logits=attn_logits, attn_lse=attn_lse, num_kv_splits=num_kv_splits

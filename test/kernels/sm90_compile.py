@@ -5,11 +5,17 @@ some type mixes), so the interpreter tests alone do not prove the kernels build 
 Triton's compiler and its bundled ptxas run without a driver: this script compiles each
 kernel with the launch configs its rule picks on CUDA (``kernels/attention_configs.py``) and
 the alternatives the benchmark times against them, and prints one JSON line per variant
-with the registers, stack (spill) bytes and shared memory of the build, and for decode the
-programs one SM can hold with them next to the ``programs_per_sm`` the config claims.
+with the Triton version, the registers, stack (spill) bytes and shared memory of the build,
+the programs one sm_90 SM holds with them (``residency.resident_programs`` with
+``residency.SM90``: the computation the launchers make on a device from the compiled
+kernel), and for decode the ``programs_per_sm`` the split rule plans with on an sm_90 device
+for this build (``decode_attention.config_for_build``) next to the table's fallback (what it
+counts on off CUDA).
 
 Run with ``TRITON_INTERPRET`` unset (the kernels must be real JIT functions):
-``python test/kernels/sm90_compile.py``.
+``python test/kernels/sm90_compile.py``; with the GPU machine's Triton:
+``bash test/kernels/gpu_triton_venv.sh`` then ``.venv-gpu-triton/bin/python
+test/kernels/sm90_compile.py``.
 """
 
 from __future__ import annotations
@@ -28,10 +34,6 @@ from triton.compiler import ASTSource
 from triton.compiler import compile as triton_compile
 
 ITEMSIZES = {'bf16': 2, 'fp16': 2, 'fp32': 4}
-# Per SM on sm_90: shared memory (with 1 KB reserved per block), registers, resident blocks.
-SM90_SHARED_BYTES = 228 * 1024
-SM90_REGISTERS = 64 * 1024
-SM90_MAX_BLOCKS = 32
 POINTER_TYPES = {
     'req_to_token_ptr': '*i32',
     'num_kv_splits_ptr': '*i32',
@@ -69,15 +71,6 @@ def _signature(fn, constexprs: dict, dtype: str):
     return signature, constants, attrs
 
 
-def resident_programs(*, registers: int, shared_bytes: int, num_warps: int) -> int:
-    """Programs one sm_90 SM holds at once with this build's registers and shared memory
-    (registers are allocated per thread in multiples of 8)."""
-    threads = 32 * num_warps
-    by_registers = SM90_REGISTERS // (-(-registers // 8) * 8 * threads)
-    by_shared = SM90_SHARED_BYTES // (shared_bytes + 1024)
-    return min(by_registers, by_shared, SM90_MAX_BLOCKS)
-
-
 def compile_sm90(
     label: str,
     fn,
@@ -88,7 +81,9 @@ def compile_sm90(
     build_options: dict | None = None,
 ):
     """Compiles one variant (with the launcher's extra build options, if any) and returns
-    its ptxas resource usage."""
+    its ptxas resource usage and the programs one sm_90 SM holds with it."""
+    from vla_sched.kernels.residency import SM90, KernelBuild, resident_programs
+
     signature, constants, attrs = _signature(fn, constexprs, dtype)
     source = ASTSource(fn=fn, signature=signature, constexprs=constants, attrs=attrs)
     options = dict(num_warps=num_warps, num_stages=num_stages, **(build_options or {}))
@@ -104,15 +99,20 @@ def compile_sm90(
             check=True,
         ).stdout
     found = re.search(r'REG:(\d+) STACK:(\d+)', usage)
-    registers, shared = int(found[1]), int(kernel.metadata.shared)
-    resident = resident_programs(registers=registers, shared_bytes=shared, num_warps=num_warps)
-    return dict(
+    build = KernelBuild(
+        registers=int(found[1]),
+        spills=int(found[2]),
+        shared_bytes=int(kernel.metadata.shared),
+        num_warps=num_warps,
+    )
+    return build, dict(
         label=label,
         dtype=dtype,
-        registers=registers,
-        stack=int(found[2]),
-        shared=shared,
-        resident=resident,
+        triton=triton.__version__,
+        registers=build.registers,
+        stack=build.spills,
+        shared=build.shared_bytes,
+        resident=resident_programs(build, SM90),
     )
 
 
@@ -120,7 +120,9 @@ def _decode_variants():
     from vla_sched.kernels import _decode_attention_jit as jit
     from vla_sched.kernels.attention_configs import decode_alternatives, decode_config
 
-    variants = [(64, 4, 'bf16'), (80, 1, 'bf16'), (96, 2, 'bf16'), (128, 64, 'bf16')]
+    # openvla-7b's decoder is d=128 group=1 (32 query and 32 KV heads).
+    variants = [(64, 4, 'bf16'), (80, 1, 'bf16'), (96, 2, 'bf16'), (128, 1, 'bf16')]
+    variants += [(128, 64, 'bf16')]
     variants += [(128, 32, 'fp16'), (128, 4, 'fp32')]
     configs = [
         (
@@ -138,27 +140,20 @@ def _decode_variants():
         for name, config in decode_alternatives(rule).items()
     ]
     for label, head_dim, group, dtype, config in configs:
-        block_d = triton.next_power_of_2(head_dim)
-        constexprs = dict(
-            NUM_Q_HEADS=8 * group,
-            NUM_KV_HEADS=8,
-            GROUP=group,
-            NUM_HEAD_BLOCKS=triton.cdiv(group, config.block_h),
-            HEAD_DIM=head_dim,
-            V_HEAD_DIM=head_dim,
-            MAX_KV_SPLITS=8,
-            SPLIT_ALIGN=config.split_align,
-            BLOCK_H=config.block_h,
-            BLOCK_N=config.block_n,
-            BLOCK_D=block_d,
-            BLOCK_DV=block_d,
-            DOT_FP32=dtype == 'fp32',
+        constexprs = jit.stage1_constexprs(
+            num_q_heads=8 * group,
+            num_kv_heads=8,
+            head_dim=head_dim,
+            v_head_dim=head_dim,
+            max_kv_splits=8,
+            config=config,
+            dot_fp32=dtype == 'fp32',
         )
         variant = (f'decode_stage1 {label}', jit._decode_stage1_kernel, constexprs, dtype)
-        yield (*variant, config.num_warps, config.num_stages), config.programs_per_sm
+        yield (*variant, config.num_warps, config.num_stages), config
     stage2 = dict(NUM_Q_HEADS=32, V_HEAD_DIM=80, MAX_KV_SPLITS=8, SPLIT_ALIGN=rule.split_align)
     variant = ('decode_stage2 d=80', jit._decode_stage2_kernel, dict(stage2, BLOCK_DV=128))
-    yield (*variant, 'bf16', 4, 2), None
+    yield (*variant, 'bf16', jit.STAGE2_WARPS, jit.STAGE2_STAGES), None
 
 
 def _extend_variants():
@@ -248,10 +243,15 @@ def main() -> int:
         return 2
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     variants = (*_decode_variants(), *_extend_variants(), *_store_variants())
-    for variant, claimed in (*variants, *_decoder_variants()):
-        result = compile_sm90(*variant)
-        if claimed is not None:
-            result['claimed_programs_per_sm'] = claimed
+    from vla_sched.kernels.decode_attention import config_for_build
+    from vla_sched.kernels.residency import SM90
+
+    for variant, config in (*variants, *_decoder_variants()):
+        build, result = compile_sm90(*variant)
+        if config is not None:
+            planned = config_for_build(config, build, SM90)
+            result['planned_programs_per_sm'] = planned.programs_per_sm
+            result['fallback_programs_per_sm'] = config.programs_per_sm
         print(json.dumps(result), flush=True)
     return 0
 

@@ -133,6 +133,7 @@ class DecodeGraphs(GraphRunner):
                     num_sms=device_num_sms(self.device),
                     head_dim=spec.head_dim,
                     itemsize=self.model.dtype.itemsize,
+                    dtype=self.model.dtype,
                 )
             )
         ones = torch.ones_like(seq_lens)
