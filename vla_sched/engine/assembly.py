@@ -133,8 +133,9 @@ def scheduler_config_for(
     ``EngineConfig``); the chunk size (the device's default for 0, raised to
     ``min_chunk_tokens``: what a family's ``min_steps_per_pass`` asks) is rounded to whole
     pages. The rest are fixed for robots: a pass may prefill at least 1024 tokens, a
-    robot's priority is ignored (not refused) while priority scheduling is off, and under
-    'drop' a step that cannot meet its deadline is dropped while it waits. Knobs not named
+    robot's priority is ignored (not refused) while priority scheduling is off, under
+    'drop' a step that cannot meet its deadline is dropped while it waits, and a prefill pass
+    is sized from the measured cost per token so its steps keep their deadlines. Knobs not named
     here keep ``SchedulerConfig``'s SGLang defaults.
     """
     chunk = c.prefill_chunk_tokens(device_type)
@@ -152,6 +153,8 @@ def scheduler_config_for(
         ),
         late_policy=c.late_policy,
         drop_unmeetable_steps=True,  # only under 'drop': keeps overload from collapsing
+        # One long step (a long instruction) never makes the others in its pass late.
+        size_passes_by_deadline=True,
         # On the CPU a step's tokens are known when it returns: nothing to overlap.
         enable_overlap=c.enable_overlap and device_type != 'cpu',
         num_continuous_decode_steps=c.num_continuous_decode_steps,

@@ -15,6 +15,10 @@ cached (it was computed attending both ways, so no other sequence may reuse it).
 flow-matching request's rows append one marker per pass, its prompt is never cached, and
 its last denoising pass brings its action chunk.
 
+Each pass's cost is measured here for ``metrics.pass_cost``: from the later of its launch and
+the previous pass's results to its own results (under the overlap loop a pass starts when the
+one before it ends), with its tokens (prefill) or decode steps.
+
 A row is skipped when its request finished meanwhile, or was retracted or preempted after
 the step was launched (its generation changed): under the overlap loop, results arrive one
 step late.
@@ -29,10 +33,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
+from vla_sched.core.forward_batch import ForwardMode
 from vla_sched.core.scheduling.request import FinishReason
 
 if TYPE_CHECKING:
-    from vla_sched.core.forward_batch import ForwardOutput
+    from vla_sched.core.forward_batch import ForwardBatch, ForwardOutput
     from vla_sched.core.memory.kv_memory import KVMemory
     from vla_sched.core.scheduling.metrics import SchedulerMetrics
     from vla_sched.core.scheduling.request import Req
@@ -67,9 +72,13 @@ class ResultProcessor:
         self.metrics = metrics
         self.clock = clock
         self.finish = finish
+        self._last_result_ns: int | None = None
 
-    def process(self, batch: ScheduleBatch, output: ForwardOutput) -> None:
-        """Apply ``output`` to ``batch`` (a snapshot taken when the step was launched).
+    def process(
+        self, batch: ScheduleBatch, output: ForwardOutput, *, launched_ns: int | None = None
+    ) -> None:
+        """Apply ``output`` to ``batch`` (a snapshot taken when the step was launched at
+        ``launched_ns``, when known: then the pass's cost is measured).
 
         Raises:
             RuntimeError: the output does not match the batch, or a sampled token is < 0.
@@ -81,6 +90,8 @@ class ResultProcessor:
                 f'{len(batch.reqs)} requests'
             )
         now = self.clock()
+        if launched_ns is not None:
+            self._measure(fb, launched_ns, now)
         if fb.prefill_only:
             self._process_prefill_only(batch, output, now)
             return
@@ -111,6 +122,14 @@ class ResultProcessor:
                     req.action_chunk = chunk
             if req.update_finish_state():
                 self.finish(req, req.finished_reason)
+
+    def _measure(self, fb: ForwardBatch, launched_ns: int, now: int) -> None:
+        last, self._last_result_ns = self._last_result_ns, now
+        start = launched_ns if last is None else max(launched_ns, last)
+        if fb.forward_mode is ForwardMode.EXTEND:
+            self.metrics.pass_cost.record_prefill(fb.num_tokens, now - start)
+        else:
+            self.metrics.pass_cost.record_decode(fb.num_decode_steps, now - start)
 
     def _process_prefill_only(self, batch: ScheduleBatch, output: ForwardOutput, now: int) -> None:
         chunks = output.action_chunks

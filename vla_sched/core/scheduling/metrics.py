@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from vla_sched.core.scheduling.pass_cost import PassCostModel
+
 
 class LatencyWindow:
     """The last ``size`` latency samples (nanoseconds).
@@ -106,6 +108,8 @@ class SchedulerMetrics:
         self.aborts_by_reason: Counter[str] = Counter()
         self.num_delayed_prefills = 0
         self.num_preemptions = 0
+        self.num_deadline_waits = 0  # a step left for a later pass to keep deadlines
+        self.pass_cost = PassCostModel()  # measured pass costs (``pass_cost``)
         self.num_cached_tokens = 0
         self.num_prompt_tokens = 0
         self.itl = LatencyWindow(window_size)

@@ -9,7 +9,11 @@ first refusal -> take the admitted requests out of the queue, re-queue the preem
 ones, install a new chunked request, allocate the batch's KV. With ``enable_mixed_chunk``
 the running requests decode one token each in the same pass (``_rows_to_mix``). A pass
 holds either prefill-only requests (matched against nothing, never mixed with decoding
-rows) or token prefills, never both: the first admitted request decides.
+rows) or token prefills, never both: the first admitted request decides. With
+``size_passes_by_deadline`` (once pass costs are measured) the candidates are offered
+earliest deadline first and each also has to fit the pass's time budget (``pass_sizing``):
+one that does not waits for a later pass (the others are still tried) or, when it cannot
+make its deadline even alone, is refused.
 """
 
 from __future__ import annotations
@@ -17,7 +21,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol
 
 from vla_sched.core.forward_batch import ForwardMode
+from vla_sched.core.scheduling.pass_sizing import DeadlinePassBudget, PassVerdict
 from vla_sched.core.scheduling.prefill_adder import AddReqResult, ChunkResult, PrefillAdder
+from vla_sched.core.scheduling.request import AbortReason, FinishReason
 from vla_sched.core.scheduling.schedule_batch import ScheduleBatch
 
 if TYPE_CHECKING:
@@ -26,7 +32,7 @@ if TYPE_CHECKING:
     from vla_sched.core.scheduling.new_token_ratio import NewTokenRatioTracker
     from vla_sched.core.scheduling.policy import SchedulePolicy
     from vla_sched.core.scheduling.prefill_delayer import PrefillDelayer
-    from vla_sched.core.scheduling.request import FinishReason, Req
+    from vla_sched.core.scheduling.request import Req
     from vla_sched.core.scheduling.robot_rules import RobotRules
     from vla_sched.core.scheduling.scheduler_config import SchedulerConfig
 
@@ -49,6 +55,10 @@ class PrefillHost(Protocol):
     def token_usage(self) -> float: ...
 
     def add_to_queue(self, req: Req, *, is_new: bool) -> FinishReason | None: ...
+
+    def abort_req(self, req: Req, reason: FinishReason) -> None: ...
+
+    def count_deadline_miss(self, req: Req) -> None: ...
 
 
 class PrefillPass:
@@ -83,7 +93,7 @@ class PrefillPass:
         adder = self._new_adder()
         if s.chunked_req is not None:
             self._resume_chunked(adder, now)
-        self._admit_waiting(adder, now)
+        self._admit_waiting(adder, now, self._deadline_budget(adder, now))
         return self._finalize(adder, now)
 
     def _new_adder(self) -> PrefillAdder:
@@ -124,7 +134,53 @@ class PrefillPass:
             s.metrics.record_retract(req.robot_id, now)
             s.add_to_queue(req, is_new=False)
 
-    def _admit_waiting(self, adder: PrefillAdder, now: int) -> None:
+    def _deadline_budget(self, adder: PrefillAdder, now: int) -> DeadlinePassBudget | None:
+        """The pass's time budget under ``size_passes_by_deadline`` once costs are known."""
+        s = self.host
+        if not s.config.size_passes_by_deadline:
+            return None
+        running = [r for r in s.running_batch.reqs if not r.finished]
+        waiting = running + ([s.chunked_req] if s.chunked_req is not None else [])
+        base = sum(r.extend_end - r.extend_start for r in adder.can_run_list)
+        if s.config.enable_mixed_chunk:
+            base += len(running)
+        budget = DeadlinePassBudget(
+            cost=s.metrics.pass_cost, now_ns=now, base_tokens=base, waiting=waiting
+        )
+        return budget if budget.active else None
+
+    def _sized_out(
+        self, req: Req, adder: PrefillAdder, budget: DeadlinePassBudget, extend: int
+    ) -> bool:
+        """Whether ``req`` stays out of this pass to keep its deadlines (``pass_sizing``):
+        it waits for a later pass, or is refused when it cannot make its own even alone."""
+        s = self.host
+        verdict = budget.verdict(req, extend)
+        if verdict is PassVerdict.TOO_LONG:
+            others = s.chunked_req is not None or not s.running_batch.is_empty()
+            others = others or bool(adder.can_run_list) or len(s.waiting_queue) > 1
+            if s.robots.drops_late_steps and others:
+                s.count_deadline_miss(req)
+                text = budget.too_long_text(req, extend)
+                s.abort_req(req, FinishReason.aborted(AbortReason.DEADLINE_MISSED, text))
+                return True
+            verdict = PassVerdict.WAIT if others else PassVerdict.JOIN  # late, alone
+        if verdict is PassVerdict.WAIT:
+            s.metrics.num_deadline_waits += 1
+            return True
+        return False
+
+    @staticmethod
+    def _extend_of(req: Req, adder: PrefillAdder) -> int:
+        """The tokens ``req`` would add to the pass (a chunkable one at most a chunk)."""
+        extend = req.num_fill_tokens - req.kv.prefix_len
+        if not req.whole_prompt and adder.rem_chunk_tokens is not None:
+            extend = min(extend, max(adder.rem_chunk_tokens, 0))
+        return extend
+
+    def _admit_waiting(
+        self, adder: PrefillAdder, now: int, budget: DeadlinePassBudget | None
+    ) -> None:
         s = self.host
         running = s.running_batch
         preemption = s.config.enable_priority_preemption
@@ -132,7 +188,10 @@ class PrefillPass:
         # chunk: count it as taken by this pass, or it shrinks the rows left for others.
         num_rows_taken = sum(1 for r in adder.can_run_list if r.kv.holds_memory)
         decided = False
-        for req in list(s.waiting_queue):
+        candidates = list(s.waiting_queue)
+        if budget is not None:  # earliest deadline first (the policy's order among equals)
+            candidates.sort(key=budget.slack_of)
+        for req in candidates:
             if s.robots.is_busy(req):
                 continue
             if len(adder.can_run_list) >= self._num_allocatable(num_rows_taken):
@@ -148,11 +207,16 @@ class PrefillPass:
             if adder.can_run_list and adder.can_run_list[0].prefill_only != req.prefill_only:
                 return  # a pass is either prefill-only or token prefill, never both
             s.memory.match_prefix(req.kv, reuse=not req.whole_prompt)
+            extend = self._extend_of(req, adder)
+            if budget is not None and self._sized_out(req, adder, budget, extend):
+                continue
             result = adder.add_one_req(req)
             admitted = bool(adder.can_run_list) and adder.can_run_list[-1] is req
             if admitted:
                 num_rows_taken += 1
                 s.robots.start(req)
+                if budget is not None:
+                    budget.join(req, extend)
             if result is not AddReqResult.CONTINUE:
                 if result is AddReqResult.NO_TOKEN:
                     running.batch_is_full = True

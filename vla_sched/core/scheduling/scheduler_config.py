@@ -111,6 +111,10 @@ class SchedulerConfig:
         drop_unmeetable_steps: with ``drop``, a waiting step that cannot finish before its
             deadline (now + the median service time of recent steps) is dropped before it
             takes compute from steps that can (see ``expiry``).
+        size_passes_by_deadline: a prefill pass takes a step only while the pass, predicted
+            from the measured cost per token, ends within the deadlines of its steps and of
+            the running steps that wait for it; a step that cannot make its own even alone is
+            refused under ``drop`` (see ``pass_sizing``).
         enable_overlap: process step N-1's results while step N runs.
         num_continuous_decode_steps: decode steps one pass may run as a burst (SGLang's
             ``--num-continuous-decode-steps``), in the normal loop only, when no request
@@ -154,6 +158,7 @@ class SchedulerConfig:
     running_timeout_ms: float | None = None
     late_policy: str = 'drop'
     drop_unmeetable_steps: bool = False
+    size_passes_by_deadline: bool = False
     enable_overlap: bool = True
     num_continuous_decode_steps: int = 1
     enable_mixed_chunk: bool = False

@@ -48,8 +48,9 @@ class NormalLoop:
     def run_once(self) -> None:
         batch = self.host.get_next_batch_to_run()
         if batch is not None:
+            launched_ns = self.results.clock()
             output = self.runner.launch(batch.forward_batch).result()
-            self.results.process(batch, output)
+            self.results.process(batch, output, launched_ns=launched_ns)
         else:
             self.host.on_idle()
         self.host.last_batch = batch
@@ -75,7 +76,7 @@ class OverlapLoop:
         self.runner = runner
         self.results = results
         self.disable_consecutive_prefill_overlap = disable_consecutive_prefill_overlap
-        self.result_queue: deque[tuple[ScheduleBatch, ResultHandle]] = deque()
+        self.result_queue: deque[tuple[ScheduleBatch, ResultHandle, int]] = deque()
 
     def has_pending_results(self) -> bool:
         return bool(self.result_queue)
@@ -85,8 +86,9 @@ class OverlapLoop:
         if self._overlap_disabled(batch, self.host.last_batch):
             self._drain(keep=0)
         if batch is not None:
+            launched_ns = self.results.clock()
             handle = self.runner.launch(batch.forward_batch)
-            self.result_queue.append((batch.copy(), handle))
+            self.result_queue.append((batch.copy(), handle, launched_ns))
         had_results = bool(self.result_queue)
         self._drain(keep=1 if batch is not None else 0)
         if batch is None and not had_results:
@@ -105,5 +107,5 @@ class OverlapLoop:
     def _drain(self, *, keep: int) -> None:
         """Process queued results, oldest first, leaving the newest ``keep`` in flight."""
         while len(self.result_queue) > keep:
-            batch, handle = self.result_queue.popleft()
-            self.results.process(batch, handle.result())
+            batch, handle, launched_ns = self.result_queue.popleft()
+            self.results.process(batch, handle.result(), launched_ns=launched_ns)
