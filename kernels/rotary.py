@@ -43,6 +43,9 @@ def rotate(qk: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> Non
     negated gives ``rotate_half(x) * sin``'s products bit for bit, in fewer operations.
     """
     swapped = qk.roll(qk.shape[-1] // 2, dims=-1)
+    if qk.requires_grad:  # under autograd (a guided flow pass): the same sums, then a copy
+        qk.copy_(qk * cos[:, None, :] + swapped * signed_sin[:, None, :])
+        return
     torch.add(qk * cos[:, None, :], swapped * signed_sin[:, None, :], out=qk)
 
 

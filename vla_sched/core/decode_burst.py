@@ -35,6 +35,7 @@ def burst_steps(batch: ForwardBatch) -> list[ForwardBatch]:
                 sampling=batch.sampling,
                 images=batch.images,
                 noise=batch.noise,
+                guidance=batch.guidance,
                 denoise_passes=tuple(None if k is None else k + j for k in batch.denoise_passes),
             )
         )

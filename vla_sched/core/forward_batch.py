@@ -55,6 +55,33 @@ class ForwardMode(enum.Enum):
     IDLE = 'idle'  # nothing to run
 
 
+@dataclass(frozen=True, slots=True, eq=False)
+class FlowGuidance:
+    """Real-time chunking's guidance of one flow-matching request (arXiv 2506.07339): the
+    denoising passes pull the chunk towards ``target`` where ``weights`` say.
+
+    Attributes:
+        target: float32 ``[chunk, action width]``: the previous chunk's actions still to run,
+            aligned to this chunk's timesteps, in the model's normalized space, zero-padded.
+        weights: float32 ``[chunk]``: the soft mask (1 on the frozen actions, decaying to 0
+            by the execution horizon).
+        max_weight: the guidance weight's cap (the paper's beta).
+    """
+
+    target: np.ndarray
+    weights: np.ndarray
+    max_weight: float
+
+    def __post_init__(self) -> None:
+        if self.target.ndim != 2 or self.weights.shape != (self.target.shape[0],):
+            raise ValueError(
+                f'guidance target [chunk, width] and weights [chunk] disagree: '
+                f'{self.target.shape}, {self.weights.shape}'
+            )
+        if not self.max_weight >= 0.0:
+            raise ValueError(f'max_weight must be >= 0, got {self.max_weight}')
+
+
 @dataclass(frozen=True, slots=True)
 class ImageInput:
     """One image of a request and where its placeholder tokens sit in the prompt.
@@ -122,6 +149,7 @@ class ForwardBatch:
     # Per request when a row denoises: -1 for a flow-matching request's prefix pass, its
     # (first) denoising pass index for a decode row, None for a token row; () for none.
     denoise_passes: tuple[int | None, ...] = ()
+    guidance: tuple[FlowGuidance | None, ...] = ()  # per request: RTC guidance, or () for none
 
     @property
     def batch_size(self) -> int:
@@ -148,6 +176,8 @@ class ForwardBatch:
             raise ValueError('proprio needs one entry per request (or none at all)')
         if self.noise and len(self.noise) != b:
             raise ValueError('noise needs one entry per request (or none at all)')
+        if self.guidance and len(self.guidance) != b:
+            raise ValueError('guidance needs one entry per request (or none at all)')
         if self.denoise_passes and len(self.denoise_passes) != b:
             raise ValueError('denoise_passes needs one entry per request (or none at all)')
         extend = self.extend_lens.tolist()

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from vla_sched.core.forward_batch import ImageInput, SamplingParams
+from vla_sched.core.forward_batch import FlowGuidance, ImageInput, SamplingParams
 from vla_sched.core.memory.req_kv import ReqKV
 
 
@@ -140,6 +140,7 @@ class Req:
             the module docstring); 0 for any other request.
         noise: a flow-matching request's initial noise (float32 ``[chunk, action width]``),
             where its denoising starts (t = 1).
+        guidance: a flow-matching request's real-time-chunking guidance, or None.
         action_chunk: a prefill-only or flow-matching request's output, set when its last
             pass is processed.
     """
@@ -160,6 +161,7 @@ class Req:
     proprio: np.ndarray | None = None
     denoise_steps: int = 0
     noise: np.ndarray | None = None
+    guidance: FlowGuidance | None = None
     action_chunk: np.ndarray | None = field(init=False, default=None)
     kv: ReqKV = field(init=False)
     output_ids: list[int] = field(init=False, default_factory=list)

@@ -175,6 +175,7 @@ class ScheduleBatch:
             proprio=_proprio_of(self.reqs),
             noise=_noise_of(self.reqs),
             denoise_passes=_denoise_passes_of(self.reqs, prefix_lens, extend_lens),
+            guidance=_guidance_of(self.reqs),
         )
         batch.check()
         self.forward_batch = batch
@@ -292,6 +293,13 @@ def _noise_of(reqs: Sequence[Req]) -> tuple:
     if all(r.noise is None for r in reqs):
         return ()
     return tuple(r.noise for r in reqs)
+
+
+def _guidance_of(reqs: Sequence[Req]) -> tuple:
+    """Each row's real-time-chunking guidance, or ``()`` when no row is guided."""
+    if all(r.guidance is None for r in reqs):
+        return ()
+    return tuple(r.guidance for r in reqs)
 
 
 def _denoise_passes_of(

@@ -7,34 +7,15 @@ beyond that tolerance, so this comparison would catch it."""
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pytest
-import torch
 from pi0_reference import ReferencePi0
+from pi0_serving import reference_chunks, robot_steps, served_chunks
 
-from vla_sched.core.forward_batch import ImageInput, SamplingParams
-from vla_sched.core.memory.kv_config import KVMemoryConfig
-from vla_sched.core.memory.kv_memory import KVMemory
-from vla_sched.core.scheduling.request import Req
-from vla_sched.core.scheduling.scheduler import Scheduler
-from vla_sched.core.scheduling.scheduler_config import SchedulerConfig
 from vla_sched.model.families.pi0.checkpoint import read_pi0_spec
-from vla_sched.model.families.pi0.runner import FlowMatchingRunner
-from vla_sched.model.families.pi0.weights import load_pi0_model
 from vla_sched.testing.pi0_writer import write_pi0_checkpoint
 
 TOLERANCE = 1e-4
-MARKER = SamplingParams(allowed_token_start=0, allowed_token_end=1)
-# (language ids, seed of the images, state and noise) of each robot: lengths differ.
-ROBOTS = (((2, 17, 40, 41, 9), 1), ((2, 88, 12), 2), ((2, 5, 6, 7, 8, 9, 10, 11), 3))
-
-
-def _pixels(images) -> torch.Tensor:
-    """uint8 ``[S, S, 3]`` frames at the tower's size as ``[-1, 1]`` pixels."""
-    stacked = np.stack([np.asarray(im, np.float32) / 255.0 for im in images])
-    return torch.from_numpy(stacked).permute(0, 3, 1, 2) * 2.0 - 1.0
 
 
 @pytest.fixture(scope='module', params=['pi0', 'pi05'])
@@ -45,93 +26,13 @@ def folder(request, tmp_path_factory):
     )
 
 
-def _steps(spec):
-    rng_of = [np.random.default_rng(seed) for _, seed in ROBOTS]
-    size = spec.image_size
-    out = []
-    for (ids, _), rng in zip(ROBOTS, rng_of, strict=True):
-        images = [rng.integers(0, 256, (size, size, 3), dtype=np.uint8) for _ in spec.camera_keys]
-        state = rng.standard_normal(spec.max_state_dim).astype(np.float32)
-        noise = rng.standard_normal((spec.chunk_size, spec.max_action_dim)).astype(np.float32)
-        out.append((ids, images, state, noise))
-    return out
-
-
-def _served_chunks(folder, spec, steps, *, burst: int) -> list[np.ndarray]:
-    model = load_pi0_model(folder, spec)
-    memory = KVMemory(
-        KVMemoryConfig(num_pages=256, page_size=4, num_req_slots=4, max_context_len=96)
-    )
-    runner = FlowMatchingRunner(
-        model,
-        req_to_token=memory.req_to_token_pool.req_to_token,
-        num_kv_slots=(memory.allocator.num_pages + 1) * 4,
-        num_steps=spec.num_inference_steps,
-        chunk_size=spec.chunk_size,
-        pixels_of=_pixels,
-        backend='torch',
-    )
-    config = SchedulerConfig(enable_overlap=False, num_continuous_decode_steps=burst)
-    scheduler = Scheduler(config, memory, runner, clock=time.time_ns)
-    per_image = spec.num_image_tokens
-    reqs = []
-    for n, (ids, images, state, noise) in enumerate(steps):
-        spans = tuple(
-            ImageInput(content_hash=1000 * n + c, token_offset=c * per_image,
-                       num_tokens=per_image, pixels=image)
-            for c, image in enumerate(images)
-        )  # fmt: skip
-        req = Req(
-            rid=f'r{n}',
-            origin_input_ids=(0,) * (per_image * len(images)) + tuple(ids),
-            sampling=MARKER,
-            max_new_tokens=spec.num_inference_steps + 1,
-            images=spans,
-            denoise_steps=spec.num_inference_steps,
-            noise=noise,
-            proprio=state if spec.policy_type == 'pi0' else None,
-        )
-        scheduler.add_request(req)
-        reqs.append(req)
-    for _ in range(50):
-        if not scheduler.has_work():
-            break
-        scheduler.run_once()
-        scheduler.check_integrity()
-    return [req.action_chunk for req in reqs]
-
-
-def _reference_chunks(reference, spec, steps) -> np.ndarray:
-    longest = max(len(ids) for ids, *_ in steps)
-    lang = torch.zeros((len(steps), longest), dtype=torch.int64)
-    valid = torch.zeros((len(steps), longest), dtype=torch.bool)
-    for n, (ids, *_) in enumerate(steps):
-        lang[n, : len(ids)] = torch.tensor(ids)
-        valid[n, : len(ids)] = True
-    pixels = [
-        torch.cat([_pixels([images[c]]) for _, images, _, _ in steps])
-        for c in range(len(spec.camera_keys))
-    ]
-    state = torch.from_numpy(np.stack([s for _, _, s, _ in steps]))
-    noise = torch.from_numpy(np.stack([x for *_, x in steps]))
-    actions, _ = reference.sample_actions(
-        pixels=pixels,
-        lang_ids=lang,
-        lang_valid=valid,
-        state=state if spec.policy_type == 'pi0' else None,
-        noise=noise,
-        num_steps=spec.num_inference_steps,
-    )
-    return actions.numpy()
-
-
 @pytest.mark.parametrize('burst', [1, 8])
 def test_served_chunks_equal_the_reference_for_robots_batched(folder, burst):
     spec = read_pi0_spec(folder)
-    steps = _steps(spec)
+    steps = robot_steps(spec)
     reference = ReferencePi0.from_folder(folder, sizes=spec.sizes)
-    want = _reference_chunks(reference, spec, steps)
-    got = _served_chunks(folder, spec, steps, burst=burst)
+    want = reference_chunks(reference, spec, steps)
+    got = served_chunks(folder, spec, steps, burst=burst)
     for n, chunk in enumerate(got):
         assert chunk is not None and chunk.shape == want[n].shape
         np.testing.assert_allclose(chunk, want[n], rtol=TOLERANCE, atol=TOLERANCE)
@@ -143,8 +44,8 @@ def test_served_chunks_equal_the_reference_for_robots_batched(folder, burst):
 )
 def test_each_porting_error_moves_the_reference_beyond_the_tolerance(folder, mutation):
     spec = read_pi0_spec(folder)
-    steps = _steps(spec)
+    steps = robot_steps(spec)
     reference = ReferencePi0.from_folder(folder, sizes=spec.sizes)
-    right = _reference_chunks(reference, spec, steps)
-    wrong = _reference_chunks(reference.mutated(**{mutation: True}), spec, steps)
+    right = reference_chunks(reference, spec, steps)
+    wrong = reference_chunks(reference.mutated(**{mutation: True}), spec, steps)
     assert np.abs(right - wrong).max() > 10 * TOLERANCE

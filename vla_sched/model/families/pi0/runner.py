@@ -14,6 +14,10 @@ or the pass index; see ``core/forward_batch.py``):
   ``k`` of ``K``: LeRobot's ``x <- x + dt * v(x, t)``, ``dt = -1 / K``, ``t = 1 + k * dt``),
   and its last pass returns the row's chunk (normalized, ``[chunk_size, max_action_dim]``).
 
+A row with real-time-chunking guidance (``batch.guidance``) gets its velocity guided towards
+its target (``model/runner/flow_guidance.py``: one vector-Jacobian product through the
+expert per pass), batched with the other rows of the pass.
+
 The denoising state lives on the request's row (``[num_req_slots, chunk, max_action_dim]``),
 so a row's passes chain on the device whatever the host has processed; a retracted request
 gets a new row and starts over from its prefix. The marker of every pass is token 0.
@@ -27,9 +31,15 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from vla_sched.core.forward_batch import ForwardBatch, ForwardMode, ForwardOutput
+from vla_sched.core.forward_batch import (
+    FlowGuidance,
+    ForwardBatch,
+    ForwardMode,
+    ForwardOutput,
+)
 from vla_sched.model.families.pi0.model import Pi0Model
 from vla_sched.model.layers.attention import AttentionMetadata
+from vla_sched.model.runner.flow_guidance import guided_velocity
 
 MARKER_TOKEN_ID = 0  # every pass's output id: the scheduler counts passes by them
 PixelsOf = Callable[[Sequence[np.ndarray]], torch.Tensor]
@@ -86,7 +96,7 @@ class FlowMatchingRunner:
             (num_rows, chunk_size, model.max_action_dim), dtype=torch.float32, device=self.device
         )
 
-    @torch.inference_mode()
+    @torch.no_grad()  # not inference mode: a guided pass runs autograd on this pass's tensors
     def launch(self, batch: ForwardBatch) -> _Done:
         batch.check()
         passes = batch.denoise_passes
@@ -177,7 +187,17 @@ class FlowMatchingRunner:
                 [torch.as_tensor(np.asarray(batch.proprio[i], np.float32)) for i in indices]
             )
         x = self._x[row_ids]
-        v = self.model.velocity(x_t=x, t=t, state=state, meta=meta, kv_caches=self.kv_caches)
+
+        def velocity_of(x_t: torch.Tensor) -> torch.Tensor:
+            return self.model.velocity(
+                x_t=x_t, t=t, state=state, meta=meta, kv_caches=self.kv_caches
+            )
+
+        guidance = [batch.guidance[i] for i in indices] if batch.guidance else []
+        if any(g is not None for g in guidance):
+            v = self._guided(velocity_of, x, t, guidance)
+        else:
+            v = velocity_of(x)
         x = x + dt * v
         self._x[row_ids] = x
         return {
@@ -185,6 +205,38 @@ class FlowMatchingRunner:
             for n, (i, k) in enumerate(zip(indices, passes, strict=True))
             if k == self.num_steps - 1
         }
+
+    def _guided(
+        self,
+        velocity_of: Callable[[torch.Tensor], torch.Tensor],
+        x: torch.Tensor,
+        t: torch.Tensor,
+        guidance: list[FlowGuidance | None],
+    ) -> torch.Tensor:
+        """Real-time chunking: the rows' velocities guided towards their targets (rows
+        without guidance get a zero mask, so their velocity is the plain one)."""
+        zeros = torch.zeros(x.shape[1:], dtype=torch.float32)
+        target = torch.stack(
+            [zeros if g is None else torch.as_tensor(g.target) for g in guidance]
+        ).to(self.device)
+        weights = torch.stack(
+            [zeros[:, 0] if g is None else torch.as_tensor(g.weights) for g in guidance]
+        ).to(self.device)
+        max_weight = torch.tensor(
+            [0.0 if g is None else g.max_weight for g in guidance], device=self.device
+        )
+        v = guided_velocity(
+            velocity_of,
+            x_t=x,
+            t=t.to(self.device),
+            target=target,
+            weights=weights,
+            max_weight=max_weight,
+        )
+        for k_cache, v_cache in self.kv_caches:  # the pass wrote the suffix with its graph
+            k_cache.detach_()
+            v_cache.detach_()
+        return v
 
     def _suffix_metadata(self, rows: list[int], prefix_lens: list[int]) -> AttentionMetadata:
         """Each suffix over its row's prefix: a slot table of the rows' prefix slots then
