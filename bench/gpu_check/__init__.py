@@ -25,7 +25,10 @@ from runs A and B where they ran):
 ============ ======= ========= ================================================================
 part         limit s H200 s    what
 ============ ======= ========= ================================================================
-environment  15      7-10      versions, the GPU, the device's copy bandwidth and matmul rate
+environment  30      7-10      versions, the GPU; first, before any timing, the decode kernel's
+                               builds on it (``builds``: each variant's registers, spills and
+                               resident programs, and whether it fits as the split rule
+                               plans); then the device's copy bandwidth and matmul rate
                                (measured once here; the later parts' floors use them)
 kernels      75      26        every kernel against its float32 reference: ragged bf16, fp16,
                                fp32, a CUDA-graph replay of decode, every benchmark shape in
@@ -35,14 +38,14 @@ kernels      75      26        every kernel against its float32 reference: ragge
                                in (``bench.gpu_kernels``)
 checkpoint   55      42-46     the openvla-7b folder with random bf16 weights (15 GB) in the
                                work dir, written once (``bench.lib.checkpoints``)
-model        60      44        our runner eager and with CUDA graphs against transformers on
+model        55      44        our runner eager and with CUDA graphs against transformers on
                                openvla-7b (``bench.runner_vs_generate``): last-token logits,
                                greedy agreement, 1 and 16 robots; their steps against the
                                floor of one robot and of a batch of 16
 profile      40      -         torch.profiler's CUDA kernel table (calls, total and mean time,
                                share) of a decode step of 1 and 16 requests replayed from its
                                graph and of a prefill of 1 and 16 robots with vision
-engine_core  40      29        ``ScheduledCore`` on the folder, 4 robots x 3 steps:
+engine_core  35      29        ``ScheduledCore`` on the folder, 4 robots x 3 steps:
                                ``check_integrity()`` after every scheduler step, every step
                                ends as exactly one result or failure; the vision encoder eager
                                against captured
@@ -60,7 +63,7 @@ oft          60      -         OpenVLA-OFT on the folder (linked, with a random 
                                capacity at 10 Hz of chunks on the engine core (with its
                                graphs) by the one capacity rule (bisection up to the FLOP
                                ceiling)
-scheduler    45      35        scheduler host time per decode step, null and 7B runner,
+scheduler    40      35        scheduler host time per decode step, null and 7B runner,
                                overlap on and off (``bench.scheduler_cost``)
 ============ ======= ========= ================================================================
 

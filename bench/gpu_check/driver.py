@@ -52,6 +52,9 @@ def run_part(
         while True:
             time.sleep(3600)
     data = part_module(name).run(ctx)
+    residency = sys.modules.get('vla_sched.kernels.residency')
+    if residency is not None and residency.launched_builds():
+        data['launched_kernel_builds'] = residency.launched_builds()
     write_whole(result_file, json_text(data))
     return 0
 

@@ -1,5 +1,6 @@
-"""Part ``environment``: versions, the GPU, and the device's copy bandwidth and matmul rate
-(the rates every later floor is set against, measured once here)."""
+"""Part ``environment``: versions, the GPU, the decode kernel's builds on it (before any
+timing: ``builds``), and the device's copy bandwidth and matmul rate (the rates every later
+floor is set against, measured once here)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ def run(ctx: PartContext) -> dict[str, Any]:
     import numpy
     import torch
 
+    from bench.gpu_check.builds import check_decode_builds
     from bench.lib.device_timing import measure_rates
 
     versions = {'python': platform.python_version(), 'torch': torch.__version__}
@@ -33,6 +35,10 @@ def run(ctx: PartContext) -> dict[str, Any]:
             'capability': f'{props.major}.{props.minor}',
             'driver_visible_devices': torch.cuda.device_count(),
         }
+    # Before any timing: does every decode variant build without spills and fit as planned?
+    builds = check_decode_builds(
+        dry_run=ctx.dry_run, progress=lambda line: print(line, flush=True)
+    )
     rates = measure_rates(torch.device(ctx.device), ctx.dtype)
     print(
         f'copy {rates.copy_gb_per_s:.0f} GB/s, {rates.matmul_dtype} matmul '
@@ -42,6 +48,7 @@ def run(ctx: PartContext) -> dict[str, Any]:
     return {
         'versions': versions,
         'gpu': gpu,
+        'kernel_builds': builds,
         'copy_gb_per_s': rates.copy_gb_per_s,
         'matmul_tflops': rates.matmul_tflops,
         'matmul_dtype': rates.matmul_dtype,

@@ -21,15 +21,15 @@ class Part:
 
 DEFAULT_BUDGET_S = 510.0
 PARTS = (
-    Part('environment', 15),
+    Part('environment', 30),  # the decode builds first (about 10 compiles), then the rates
     Part('kernels', 75),  # bench.gpu_kernels sweeps launch configs until 55 s in
     Part('checkpoint', 55),
-    Part('model', 60),
+    Part('model', 55),
     Part('profile', 40),
-    Part('engine_core', 40, needs_checkpoint=True),
+    Part('engine_core', 35, needs_checkpoint=True),
     Part('serving', 120, needs_checkpoint=True),
     Part('oft', 60, needs_checkpoint=True),
-    Part('scheduler', 45, needs_checkpoint=True),
+    Part('scheduler', 40, needs_checkpoint=True),
 )
 PART_NAMES = tuple(p.name for p in PARTS)
 

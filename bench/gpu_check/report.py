@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from bench.gpu_check import environment, targets
+from bench.gpu_check import builds, environment, targets
 from bench.gpu_check.json_files import json_text, write_whole
 from bench.gpu_check.parts import PART_NAMES, part_module
 from bench.lib.tables import cell, markdown_table
@@ -37,6 +37,13 @@ def report_markdown(results: dict) -> str:
         limit = cell(e['limit_s'], digits=0) if 'limit_s' in e else '-'
         rows.append([name, e['status'], seconds, limit, note.replace('|', '/')[:160]])
     lines.append(markdown_table(['part', 'status', 'seconds', 'limit s', 'note'], rows))
+    launched = {
+        name: parts[name]['data']['launched_kernel_builds']
+        for name in PART_NAMES
+        if 'launched_kernel_builds' in parts.get(name, {}).get('data', {})
+    }
+    if env.get('kernel_builds') or launched:
+        lines += ['', *builds.markdown_lines(env.get('kernel_builds', {}), launched)]
     for name in SECTION_PARTS:
         entry = parts.get(name, {})
         if entry.get('data'):

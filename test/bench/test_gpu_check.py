@@ -79,6 +79,11 @@ def test_dry_run_records_the_numbers_each_part_must_produce(dry_run):
     env = data['environment']
     assert env['copy_gb_per_s'] > 0 and env['matmul_tflops'] > 0
     assert {'python', 'torch', 'triton', 'transformers', 'numpy'} <= set(env['versions'])
+    # The decode builds are listed before any timing; the interpreter compiles nothing.
+    builds = env['kernel_builds']
+    assert builds['compiled'] is False and len(builds['rows']) == 7
+    assert all(row['fallback'] >= 1 for row in builds['rows'])
+    assert '## Kernel builds' in report
     kernels = data['kernels']
     assert [r['kernel'] for r in kernels['rows']] == ['decode', 'extend', 'store_kv']
     assert all(r['ms'] > 0 and r['gbs'] >= 0 and 'copy_share' in r for r in kernels['rows'])
