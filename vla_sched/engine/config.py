@@ -232,6 +232,12 @@ class EngineConfig:
         "pi0 / pi0.5: folder of PaliGemma's tokenizer files (empty: the Hugging Face cache)",
         group='engine',
     )
+    smolvla_vlm_path: str = setting(
+        '',
+        "SmolVLA: folder of the VLM's config.json and tokenizer files (empty: the Hugging Face "
+        "cache of the folder's vlm_model_name)",
+        group='engine',
+    )
     robots: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

@@ -21,6 +21,7 @@ FAMILY_NAMES = (
     'openvla_oft',
     'openvla',
     'pi0',
+    'smolvla',
 )
 
 
