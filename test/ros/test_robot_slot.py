@@ -100,13 +100,14 @@ def test_periodic_robot_is_due_once_per_period_and_skips_missed_periods():
     step = _send(slot, 100 * MS)
     slot.finish(_result(step), 450 * MS)
     slot.offer_image(_obs(450 * MS))
-    # Fell behind (next period at 200 ms passed): the next one is a period after now.
-    assert slot.is_due(451 * MS)
-    _send(slot, 451 * MS)
+    # Fell behind (next period at 200 ms passed): back to its phase, the next period's start.
+    assert not slot.is_due(451 * MS) and slot.due_at_ns() == 500 * MS
+    assert slot.is_due(500 * MS)
+    _send(slot, 503 * MS)  # a little late: the next one stays on the phase
     slot.in_flight = None
-    slot.offer_image(_obs(460 * MS))
-    assert not slot.is_due(550 * MS)
-    assert slot.is_due(551 * MS)
+    slot.offer_image(_obs(560 * MS))
+    assert not slot.is_due(599 * MS)
+    assert slot.is_due(600 * MS)
 
 
 def test_a_robot_waiting_only_for_its_period_says_when_it_is_due():

@@ -159,8 +159,10 @@ class VlaSchedNode(LifecycleNode):
         )
         now = self._now_ns()
         window_s = self.config.diagnostics.window_s
-        self.slots = {
-            r.robot_id: RobotSlot(r, window_s=window_s, created_ns=now) for r in self.config.robots
+        robots = self.config.robots
+        self.slots = {  # periodic robots' phases spread across the period (``period_phase``)
+            r.robot_id: RobotSlot(r, window_s=window_s, created_ns=now, phase=i / len(robots))
+            for i, r in enumerate(robots)
         }
         self.topics: dict[str, RobotTopics] = {}
         self.outcomes = Outcomes(

@@ -17,7 +17,9 @@ The rules a robot relies on live here, free of ROS so they can be tested with a 
   a step the engine has not answered by its deadline plus a margin is given up
   (``flight_expires_at_ns``; the node refuses it with ``ENGINE_TIMEOUT``), so no lost or
   stolen step leaves its robot stuck;
-- ``periodic`` robots are due once per period, ``on_image`` robots on every new image;
+- ``periodic`` robots are due once per period, on their phase of it (``period_phase``: spread
+  across the period by the node, restored after a stall), ``on_image`` robots on every new
+  image;
 - a step whose deadline (image stamp + budget) has passed is refused before it is sent;
 - a step whose joint state is stale (older than ``max_state_age_s``, or stamped further than
   ``max_state_image_skew_s`` from the image) is refused, never sent with that state;
@@ -39,6 +41,7 @@ import numpy as np
 from vla_sched.ipc.messages import FailureReason, StepFailure, StepRequest, StepResult
 from vla_sched.ros.camera_sync import CameraFrame, CameraSync, Observation
 from vla_sched.ros.node_config import RobotConfig
+from vla_sched.ros.period_phase import PeriodSchedule
 from vla_sched.ros.text_bounds import MAX_DETAIL_CHARS, bounded
 from vla_sched.ros.windows import CountingThrottle, EventWindow, MsLatencyWindow
 
@@ -146,12 +149,16 @@ class RobotView:
 
 
 class RobotSlot:
-    """Frontend state of one robot (see the module docstring)."""
+    """Frontend state of one robot (see the module docstring); a periodic robot fires on its
+    ``phase`` of the period (a fraction in [0, 1), ``period_phase``)."""
 
-    def __init__(self, config: RobotConfig, *, window_s: float, created_ns: int) -> None:
+    def __init__(
+        self, config: RobotConfig, *, window_s: float, created_ns: int, phase: float = 0.0
+    ) -> None:
         self.config = config
         self.robot_id = config.robot_id
         self.period_ns = round(config.period_s * NS_PER_S)
+        self.schedule = PeriodSchedule(self.period_ns, phase=phase)
         self.cameras = CameraSync(
             config.camera_topics,
             max_skew_s=config.max_camera_skew_s,
@@ -168,7 +175,6 @@ class RobotSlot:
         self.first_image_ns: int | None = None
         self.last_image_ns: int | None = None
         self._next_step_seq = 1
-        self._next_due_ns: int | None = None
         self.num_chunks = 0
         self.num_deadline_misses = 0
         self.num_superseded = 0
@@ -245,6 +251,7 @@ class RobotSlot:
 
     def set_period(self, period_s: float) -> None:
         self.period_ns = round(period_s * NS_PER_S)
+        self.schedule.set_period(self.period_ns)
 
     # --- dispatch --------------------------------------------------------------------------
 
@@ -253,9 +260,7 @@ class RobotSlot:
         over), nothing in flight, and (periodic) its period has come."""
         if not self.cameras.is_ready(now_ns) or self.in_flight is not None:
             return False
-        if self.config.trigger == 'on_image' or self._next_due_ns is None:
-            return True
-        return now_ns >= self._next_due_ns
+        return self.config.trigger == 'on_image' or self.schedule.is_due(now_ns)
 
     def due_at_ns(self) -> int | None:
         """When a robot that waits only for time becomes due (its period's start, or the
@@ -265,7 +270,7 @@ class RobotSlot:
             return None
         times = [self.cameras.ready_at_ns()]
         if self.config.trigger == 'periodic':
-            times.append(self._next_due_ns)
+            times.append(self.schedule.next_due_ns)
         known = [t for t in times if t is not None]
         return max(known) if known else None
 
@@ -354,13 +359,8 @@ class RobotSlot:
         return None
 
     def _advance_schedule(self, now_ns: int) -> None:
-        if self.config.trigger != 'periodic':
-            return
-        if self._next_due_ns is None:
-            self._next_due_ns = now_ns
-        self._next_due_ns += self.period_ns
-        if self._next_due_ns <= now_ns:  # fell behind: skip the missed periods
-            self._next_due_ns = now_ns + self.period_ns
+        if self.config.trigger == 'periodic':
+            self.schedule.advance(now_ns)  # missed periods are skipped, the phase kept
 
     def mark_sent(self, request: StepRequest) -> None:
         """``request`` went to the engine: it is the step in flight."""
