@@ -12,8 +12,10 @@ MS = 1_000_000
 CAMERAS = ('camera/image_raw', 'wrist_left/image_raw', 'wrist_right/image_raw')
 
 
-def _sync(num_cameras: int = 3) -> CameraSync:
-    return CameraSync(CAMERAS[:num_cameras], max_skew_s=0.05, owner='robots.arm')
+def _sync(num_cameras: int = 3, *, max_wait_s: float = 0.05) -> CameraSync:
+    return CameraSync(
+        CAMERAS[:num_cameras], max_skew_s=0.05, max_wait_s=max_wait_s, owner='robots.arm'
+    )
 
 
 def _frame(stamp_ms: float, value: int = 0, *, received_ms: float | None = None) -> CameraFrame:
@@ -62,13 +64,14 @@ def test_an_image_past_the_skew_is_not_bound_and_the_refusal_says_how_far_it_was
     sync.offer(1, _frame(40, value=1))  # 60 ms before the primary
     sync.offer(0, _frame(100, received_ms=103))
     sync.offer(2, _frame(101, value=2))
-    assert sync.ready_at_ns() == 153 * MS  # the primary's arrival plus the skew
+    assert sync.ready_at_ns() == 153 * MS  # the primary's arrival plus the wait
     assert not sync.is_ready(152 * MS) and sync.is_ready(153 * MS)
     obs, problem = sync.take()
     assert obs.stamp_ns == 100 * MS and not obs.is_complete
     assert problem == (
         "no image within robots.arm.max_camera_skew_s = 0.05 s of the primary camera's stamp "
-        'from wrist_left/image_raw (its newest is stamped 0.060 s before)'
+        'arrived in robots.arm.max_camera_wait_s = 0.05 s from wrist_left/image_raw (its newest '
+        'is stamped 0.060 s before)'
     )
     assert sync.pending is None
 
@@ -93,6 +96,22 @@ def test_a_newer_primary_image_keeps_the_wait_of_the_incomplete_one_it_replaces(
     sync.offer(1, _frame(35))
     assert sync.offer(0, _frame(40))  # replaces a complete one: a wait of its own
     assert sync.is_ready(40 * MS)  # the wrist's image at 35 ms is within the skew
+    sync.offer(0, _frame(100))
+    assert sync.ready_at_ns() == 150 * MS
+
+
+def test_an_image_stamped_as_the_primary_is_bound_however_late_it_arrives_within_the_wait():
+    sync = _sync(2, max_wait_s=0.5)
+    sync.offer(0, _frame(100, value=0))
+    assert sync.ready_at_ns() == 600 * MS  # the wait is its own bound, not the skew
+    assert not sync.is_ready(400 * MS)
+    sync.offer(1, _frame(100, value=1, received_ms=400))  # 300 ms late, stamped alike
+    assert sync.is_ready(400 * MS)
+    assert _values(sync) == [0, 1]
+
+
+def test_the_wait_is_the_skew_unless_given():
+    sync = CameraSync(CAMERAS[:2], max_skew_s=0.05, owner='robots.arm')
     sync.offer(0, _frame(100))
     assert sync.ready_at_ns() == 150 * MS
 

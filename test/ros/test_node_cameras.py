@@ -27,6 +27,7 @@ from vla_sched.ros.conversions import ns_to_stamp, rgb_to_image, stamp_to_ns
 pytestmark = [pytest.mark.ros, pytest.mark.slow]
 
 TWO, SILENT, ONE = 'two_cams', 'silent_wrist', 'one_cam'
+LATE, BIG = 'late_wrist', 'big_wrist'  # the default max_camera_skew_s
 CAMERAS = ['camera/image_raw', 'wrist/image_raw']
 SCHEDULER = '/vla_sched: scheduler'
 WAIT_S = 30.0  # only a hang reaches this
@@ -34,7 +35,7 @@ WAIT_S = 30.0  # only a hang reaches this
 
 def _params() -> dict:
     return {
-        'robot_ids': [TWO, SILENT, ONE],
+        'robot_ids': [TWO, SILENT, ONE, LATE, BIG],
         'robot_defaults': {
             'trigger': 'on_image',
             'instruction': 'pick up the red block',
@@ -43,7 +44,7 @@ def _params() -> dict:
         'robots': {
             # generous: the wrist image is published right after the primary's
             TWO: {'max_camera_skew_s': 5.0},
-            SILENT: {'max_camera_skew_s': 0.2},
+            SILENT: {'max_camera_skew_s': 0.2, 'max_camera_wait_s': 0.2},
             ONE: {'camera_topics': ['camera/image_raw']},
         },
         'deadlines': {'step_budget_s': 30.0},
@@ -55,10 +56,10 @@ def _params() -> dict:
 def served(tmp_path_factory):
     script = Path(__file__).with_name('fake_engine_node.py')
     node = NodeProcess(tmp_path_factory.mktemp('cameras'), _params(), script=script)
-    harness = Harness([TWO, SILENT, ONE])
+    harness = Harness([TWO, SILENT, ONE, LATE])
     wrists = {
         rid: harness.node.create_publisher(Image, f'/{rid}/wrist/image_raw', sensor_qos)
-        for rid in (TWO, SILENT)
+        for rid in (TWO, SILENT, LATE)
     }
     try:
         ready = harness.wait_status(
@@ -139,6 +140,45 @@ def test_a_robot_with_fewer_cameras_than_the_checkpoint_takes_is_refused_naming_
         'the checkpoint takes 2 images per step but robots.one_cam.camera_topics lists 1 camera'
     )
     assert not harness.chunks[ONE]
+
+
+def _outcome(harness: Harness, rid: str, stamp_ns: int) -> str | None:
+    """'chunk', the refusal's reason name, or None while the step of ``stamp_ns`` is open."""
+    if any(stamp_to_ns(m.header.stamp) == stamp_ns for _, m in harness.chunks[rid]):
+        return 'chunk'
+    refusal = _rejected(harness, rid, stamp_ns)
+    return None if refusal is None else f'{refusal.reason}: {refusal.detail}'
+
+
+def test_a_wrist_image_stamped_as_the_primary_but_arriving_later_than_the_skew_is_used(served):
+    node, harness, wrists = served
+    skew_s = 0.05  # the default max_camera_skew_s: matching is by stamp, not by arrival
+    outcomes = []
+    for value in range(3):
+        stamp_ns = time.time_ns()
+        harness.publish_image(LATE, _image(10 + value, stamp_ns))
+        waited = time.monotonic() + 3 * skew_s
+        harness.spin_until(lambda w=waited: time.monotonic() >= w, 1.0)
+        wrists[LATE].publish(_image(20 + value, stamp_ns))  # stamped identically
+        assert harness.spin_until(lambda s=stamp_ns: _outcome(harness, LATE, s), WAIT_S)
+        outcomes.append(_outcome(harness, LATE, stamp_ns))
+    assert outcomes.count('chunk') >= 2, (outcomes, node.log()[-3000:])
+
+
+def test_a_large_wrist_image_with_a_small_primary_loses_no_step(served):
+    """A 640x480 wrist frame (900 KiB) is larger than Fast DDS's default shared-memory
+    segment: without config/fastdds_large_frames.xml on the publisher's side, 2 to 6 of 12
+    never reached the node and their steps were refused CAMERAS_INCOMPLETE (the frames that
+    arrived did so 2 to 8 ms after the primary's, converted within 18 ms). The simulated robot
+    uses the profile for such frames by itself."""
+    node, _, _ = served
+    cmd = [sys.executable, '-m', 'vla_sched.ros.sim_robot', '--robot-id', BIG, '--rate', '10']
+    cmd += ['--duration', str(WAIT_S), '--stop-after-chunks', '12', '--report-period', '0']
+    cmd += ['--camera-topics', *CAMERAS, '--camera-sizes', '64x64', '640x480']
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=WAIT_S + 30)
+    summary = json.loads(done.stdout.splitlines()[-1])
+    assert summary['num_chunks'] >= 12, (summary, done.stderr[-2000:], node.log()[-3000:])
+    assert summary['rejected'] == {}, (summary, node.log()[-3000:])
 
 
 def test_the_simulated_robot_with_two_camera_topics_gets_chunks(served):

@@ -426,7 +426,12 @@ TWO_CAMERAS = ('camera/image_raw', 'wrist/image_raw')
 
 
 def test_a_two_camera_robot_is_due_once_both_images_are_in_and_sends_both_primary_first():
-    slot = _slot(trigger='on_image', camera_topics=TWO_CAMERAS, max_camera_skew_s=0.05)
+    slot = _slot(
+        trigger='on_image',
+        camera_topics=TWO_CAMERAS,
+        max_camera_skew_s=0.05,
+        max_camera_wait_s=0.05,
+    )
     slot.offer_image(_obs(100 * MS, value=1))
     assert not slot.is_due(101 * MS)
     assert slot.due_at_ns() == 150 * MS  # the end of the wait for the wrist camera
@@ -438,7 +443,12 @@ def test_a_two_camera_robot_is_due_once_both_images_are_in_and_sends_both_primar
 
 
 def test_a_step_whose_second_camera_is_silent_is_refused_once_its_wait_is_over():
-    slot = _slot(trigger='on_image', camera_topics=TWO_CAMERAS, max_camera_skew_s=0.05)
+    slot = _slot(
+        trigger='on_image',
+        camera_topics=TWO_CAMERAS,
+        max_camera_skew_s=0.05,
+        max_camera_wait_s=0.05,
+    )
     slot.offer_image(_obs(100 * MS))
     assert not slot.is_due(149 * MS) and slot.is_due(150 * MS)
     refusal = _take(slot, 150 * MS)
@@ -446,13 +456,16 @@ def test_a_step_whose_second_camera_is_silent_is_refused_once_its_wait_is_over()
     assert refusal.stamp_ns == 100 * MS
     assert refusal.detail == (
         "no image within robots.r1.max_camera_skew_s = 0.05 s of the primary camera's stamp "
-        'from wrist/image_raw (none received yet)'
+        'arrived in robots.r1.max_camera_wait_s = 0.05 s from wrist/image_raw (none received '
+        'yet)'
     )
     assert slot.view(150 * MS).refused_by_reason == {'cameras_incomplete': 1}
 
 
 def test_a_periodic_robot_waiting_for_a_camera_is_due_at_the_later_of_period_and_wait():
-    slot = _slot(camera_topics=TWO_CAMERAS, max_camera_skew_s=0.05, period_s=0.1)
+    slot = _slot(
+        camera_topics=TWO_CAMERAS, max_camera_skew_s=0.05, max_camera_wait_s=0.05, period_s=0.1
+    )
     slot.offer_image(_obs(0))
     slot.offer_image(_obs(0), camera=1)
     slot.finish(_result(_send(slot, 0)), 1 * MS)  # the next period starts at 100 ms

@@ -2,17 +2,20 @@
 
 The primary camera (the first of the robot's ``camera_topics``) drives, as a robot's only
 camera does: each of its images starts an observation, and a newer one replaces an observation
-that was not sent. Every other camera's image is bound to the observation when it is stamped
-within ``max_camera_skew_s`` of the primary's image: the camera's newest image when the
-primary's arrives, or a closer one that arrives after it.
+that was not sent. Every other camera's image is bound to the observation by its stamp alone:
+when it is stamped within ``max_skew_s`` (``max_camera_skew_s``) of the primary's image: the
+camera's newest image when the primary's arrives, or a closer one that arrives after it,
+however late it arrives within the wait.
 
 An observation is complete once every camera has an image bound; only then may it be sent. An
-incomplete one waits for its cameras until ``max_camera_skew_s`` after the primary's image
-arrived (on the node's clock); after that its step is refused (``CAMERAS_INCOMPLETE``) with
-what each missing camera sent. When a newer primary image replaces an incomplete observation,
-the newer one keeps the older one's end of wait, so a silent camera gets its robot's steps
-refused even when primary images come faster than the wait. With one camera every observation
-is complete at once.
+incomplete one waits for its cameras until ``max_wait_s`` (``max_camera_wait_s``) after the
+primary's image arrived (on the node's clock), a bound of its own: how far apart images are
+stamped says nothing of how late a camera's image may arrive (a larger image takes longer to
+travel and to convert). After that its step is refused (``CAMERAS_INCOMPLETE``) with what
+each missing camera sent. When a newer primary image replaces an incomplete observation, the
+newer one keeps the older one's end of wait, so a silent camera gets its robot's steps
+refused even when primary images come faster than the wait. With one camera every
+observation is complete at once.
 
 Nothing here knows about ROS: times are integer nanoseconds.
 """
@@ -72,15 +75,25 @@ class CameraSync:
     """One robot's cameras (see the module docstring).
 
     ``camera_names`` name the cameras in their order, the primary first (used in refusals);
-    ``owner`` names the robot's settings (``robots.<id>``).
+    ``owner`` names the robot's settings (``robots.<id>``). ``max_wait_s`` defaults to
+    ``max_skew_s``.
     """
 
-    def __init__(self, camera_names: tuple[str, ...], *, max_skew_s: float, owner: str) -> None:
+    def __init__(
+        self,
+        camera_names: tuple[str, ...],
+        *,
+        max_skew_s: float,
+        owner: str,
+        max_wait_s: float | None = None,
+    ) -> None:
         if not camera_names:
             raise ValueError(f'{owner}: a robot needs at least one camera')
         self.camera_names = camera_names
         self.max_skew_s = max_skew_s
         self.max_skew_ns = round(max_skew_s * NS_PER_S)
+        self.max_wait_s = max_skew_s if max_wait_s is None else max_wait_s
+        self.max_wait_ns = round(self.max_wait_s * NS_PER_S)
         self._owner = owner
         self.pending: Observation | None = None
         self._newest: list[CameraFrame | None] = [None] * (len(camera_names) - 1)
@@ -127,7 +140,7 @@ class CameraSync:
 
     def _start(self, primary: CameraFrame) -> bool:
         replaced = self.pending
-        wait_until_ns = primary.received_ns + self.max_skew_ns
+        wait_until_ns = primary.received_ns + self.max_wait_ns
         if replaced is not None and not replaced.is_complete:
             wait_until_ns = min(wait_until_ns, replaced.wait_until_ns)
         others = [
@@ -163,5 +176,6 @@ class CameraSync:
             parts.append(f'{name} (its newest is stamped {abs(skew_ns) / NS_PER_S:.3f} s {side})')
         return (
             f'no image within {self._owner}.max_camera_skew_s = {self.max_skew_s:g} s of the '
-            f"primary camera's stamp from {', '.join(parts)}"
+            f"primary camera's stamp arrived in {self._owner}.max_camera_wait_s = "
+            f'{self.max_wait_s:g} s from {", ".join(parts)}'
         )

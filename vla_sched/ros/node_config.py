@@ -152,7 +152,14 @@ class RobotConfig:
     max_camera_skew_s: float = setting(
         0.05,
         "with several cameras: the most another camera's image may be stamped from the "
-        "primary's, and the longest a step waits for them after the primary's image (s)",
+        "primary's (s)",
+        min_value=0.001,
+        max_value=10.0,
+    )
+    max_camera_wait_s: float = setting(
+        0.2,
+        "with several cameras: the longest a step waits for the other cameras' images after "
+        "the primary's image arrived (s)",
         min_value=0.001,
         max_value=10.0,
     )

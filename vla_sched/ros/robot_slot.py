@@ -162,6 +162,7 @@ class RobotSlot:
         self.cameras = CameraSync(
             config.camera_topics,
             max_skew_s=config.max_camera_skew_s,
+            max_wait_s=config.max_camera_wait_s,
             owner=f'robots.{config.robot_id}',
         )
         self.in_flight: InFlight | None = None
