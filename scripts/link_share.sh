@@ -5,9 +5,13 @@
 #
 #   bash scripts/link_share.sh PREFIX     # called by scripts/setup.sh with PREFIX=.venv
 #
-# PREFIX/share/vla_sched/launch and .../config link to launch/ and config/, and
-# PREFIX/lib/vla_sched links to nodes/, so edits in the checkout need no reinstall (as the
-# sources, which the venv imports from the checkout). The package's ament index entry and
+# As colcon's --symlink-install lays them out: PREFIX/share/vla_sched/launch and .../config
+# and PREFIX/lib/vla_sched are real folders holding one link per file of the checkout's
+# launch/, config/ and nodes/, so edits in the checkout need no reinstall (as the sources,
+# which the venv imports from the checkout). A folder link would not do: ros2launch finds
+# `ros2 launch vla_sched <file>` by walking share/vla_sched without following links to
+# folders. A file added to the checkout is linked by the next run (setup.sh runs this each
+# time); links to files that are gone are removed. The package's ament index entry and
 # share/vla_sched/local_setup.bash come from the CMake install of the messages.
 set -euo pipefail
 
@@ -15,13 +19,27 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 [ $# = 1 ] || { echo "usage: $0 PREFIX" >&2; exit 2; }
 prefix=$1
 
-# link TARGET LINK: LINK points at TARGET, replacing a link or a copy left by an earlier install.
-link() {
-  if [ -e "$2" ] && [ ! -L "$2" ]; then rm -rf "$2"; fi
-  ln -sfn "$1" "$2"
+# mirror SOURCE DEST: DEST becomes a folder of links to SOURCE's files (its subfolders as
+# folders), replacing a folder link or a copy left by an earlier install.
+mirror() {
+  local source=$1 dest=$2 file rel
+  if [ -L "$dest" ] || { [ -e "$dest" ] && [ ! -d "$dest" ]; }; then rm -f "$dest"; fi
+  mkdir -p "$dest"
+  while IFS= read -r -d '' file; do
+    rel=${file#"$source"/}
+    mkdir -p "$dest/$(dirname "$rel")"
+    ln -sfn "$file" "$dest/$rel"
+  done < <(find "$source" -type f -not -name '*.pyc' -not -path '*/__pycache__/*' -print0)
+  # what no longer has a file in the checkout: links left dangling, and copies
+  while IFS= read -r -d '' file; do
+    rel=${file#"$dest"/}
+    [ -f "$source/$rel" ] || rm -f "$file"
+  done < <(find "$dest" \( -type l -o -type f \) -print0)
+  while IFS= read -r -d '' file; do
+    [ -L "$file" ] || ln -sfn "$source/${file#"$dest"/}" "$file"
+  done < <(find "$dest" -type f -print0)
 }
 
-mkdir -p "$prefix/share/vla_sched" "$prefix/lib"
-link "$root/launch" "$prefix/share/vla_sched/launch"
-link "$root/config" "$prefix/share/vla_sched/config"
-link "$root/nodes" "$prefix/lib/vla_sched"
+mirror "$root/launch" "$prefix/share/vla_sched/launch"
+mirror "$root/config" "$prefix/share/vla_sched/config"
+mirror "$root/nodes" "$prefix/lib/vla_sched"
