@@ -18,7 +18,6 @@ from launch_ros.actions import Node
 from launch_ros.substitutions import FindPackageShare
 
 from vla_sched.ros.launch_args import (
-    BOOL_CHOICES,
     LOG_LEVELS,
     check_launch_arguments,
     chunk_executors,
@@ -65,8 +64,7 @@ def generate_launch_description():
             DeclareLaunchArgument(
                 'use_sim_time',
                 default_value='false',
-                description='the executors play on /clock',
-                choices=list(BOOL_CHOICES),
+                description='the executors play on /clock (true or false, in any case)',
             ),
             DeclareLaunchArgument(
                 'log_level',

@@ -13,7 +13,6 @@ from launch.substitutions import LaunchConfiguration
 from launch_ros.actions import Node
 
 from vla_sched.ros.launch_args import (
-    BOOL_CHOICES,
     LOG_LEVELS,
     check_launch_arguments,
     sim_robots,
@@ -56,8 +55,7 @@ def generate_launch_description():
             DeclareLaunchArgument(
                 'use_sim_time',
                 default_value='false',
-                description='the robots follow /clock',
-                choices=list(BOOL_CHOICES),
+                description='the robots follow /clock (true or false, in any case)',
             ),
             DeclareLaunchArgument(
                 'log_level',

@@ -29,7 +29,6 @@ from launch_ros.substitutions import FindPackageShare
 from lifecycle_msgs.msg import Transition
 
 from vla_sched.ros.launch_args import (
-    BOOL_CHOICES,
     LOG_LEVELS,
     check_launch_arguments,
     sim_robots,
@@ -55,8 +54,8 @@ def _arguments(share) -> list:
         DeclareLaunchArgument(
             'start_aggregator',
             default_value='false',
-            description='start diagnostic_aggregator (/diagnostics_agg for rqt_robot_monitor)',
-            choices=list(BOOL_CHOICES),
+            description='start diagnostic_aggregator (/diagnostics_agg for rqt_robot_monitor; '
+            'true or false, in any case)',
         ),
         DeclareLaunchArgument(
             'analyzers_file',
@@ -66,8 +65,7 @@ def _arguments(share) -> list:
         DeclareLaunchArgument(
             'use_sim_time',
             default_value='false',
-            description='every node started here follows /clock',
-            choices=list(BOOL_CHOICES),
+            description='every node started here follows /clock (true or false, in any case)',
         ),
         DeclareLaunchArgument(
             'log_level',
@@ -79,8 +77,8 @@ def _arguments(share) -> list:
             'autostart',
             default_value='true',
             description='true: take the vla_sched node to active; false: configure it only '
-            '(inactive, every step refused until ros2 lifecycle set <node> activate)',
-            choices=list(BOOL_CHOICES),
+            '(inactive, every step refused until ros2 lifecycle set <node> activate; true or '
+            'false, in any case)',
         ),
     ]
 

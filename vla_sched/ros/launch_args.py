@@ -7,9 +7,12 @@ that returns their ``Node`` actions only after it passed: a bad value raises
 can outlive it. Plain Python (no launch import), so the tests call it directly;
 ``sim_robots`` and ``chunk_executors`` say which processes to start as plain data.
 
-The launch files declare their boolean arguments with ``BOOL_CHOICES`` and ``log_level``
-with ``LOG_LEVELS`` (``DeclareLaunchArgument(choices=...)``), so that ``ros2 launch ...
---show-args`` lists them and launch itself refuses another value.
+The launch files declare ``log_level`` with ``LOG_LEVELS`` (``DeclareLaunchArgument(choices=
+...)``), so that ``ros2 launch ... --show-args`` lists them and launch itself refuses another
+value. Their boolean arguments have no ``choices``: launch compares choices exactly, while
+its own boolean handling (``IfCondition``) takes true, false, 1 and 0 in any case, and so
+does ``check_launch_arguments`` (``use_sim_time:=True`` is what a ROS user types); another
+word is refused there before any process starts.
 """
 
 from __future__ import annotations
@@ -25,7 +28,6 @@ import yaml
 
 TRUE_WORDS = ('true', '1')  # what launch's IfCondition takes, in any case
 FALSE_WORDS = ('false', '0')
-BOOL_CHOICES = ('true', 'false')  # what the launch files declare
 LOG_LEVELS = ('debug', 'info', 'warn', 'error', 'fatal')  # --ros-args --log-level
 AGGREGATOR_PACKAGE = 'diagnostic_aggregator'
 EXECUTOR_NODE_NAME = 'vla_chunk_executor'
