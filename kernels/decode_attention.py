@@ -27,6 +27,7 @@ layer.
 from __future__ import annotations
 
 import dataclasses
+import warnings
 
 import torch
 
@@ -378,9 +379,19 @@ def device_decode_config(
     key = (device.index, shape, config)
     resolved = _DEVICE_CONFIGS.get(key)
     if resolved is None:
-        with torch.cuda.device(device):
-            build = decode_build(config, shape=shape)
-        resolved = config_for_build(config, build, device_limits(device))
+        try:
+            with torch.cuda.device(device):
+                build = decode_build(config, shape=shape)
+        except Exception as error:  # a build that cannot be read must not stop decoding
+            warnings.warn(
+                f'decode residency: no build of {config} for {shape} on {device} ({error!r}); '
+                f'planning with the fallback of {config.programs_per_sm} programs per SM',
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            resolved = config
+        else:
+            resolved = config_for_build(config, build, device_limits(device))
         _DEVICE_CONFIGS[key] = resolved
     return resolved
 

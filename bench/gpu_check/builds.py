@@ -54,7 +54,13 @@ def check_decode_builds(*, dry_run: bool, progress=print) -> dict[str, Any]:
             dtype = getattr(torch, dtype_name)
             shape = (dtype, num_q_heads, num_kv_heads, head_dim, head_dim, MAX_KV_SPLITS)
             device = torch.device('cuda', torch.cuda.current_device())
-            build = decode.decode_build(config, shape=shape)
+            try:
+                build = decode.decode_build(config, shape=shape)
+            except Exception as error:  # reported; the timing parts go on
+                row.update(error=repr(error)[:300], ok=False)
+                rows.append(row)
+                progress(f'{_line(row)}: NOT BUILT: {row["error"]}')
+                continue
             planned = decode.device_decode_config(
                 config, dtype=dtype, num_q_heads=num_q_heads, num_kv_heads=num_kv_heads,
                 head_dim=head_dim, v_head_dim=head_dim, max_kv_splits=MAX_KV_SPLITS,

@@ -7,7 +7,11 @@ import pytest
 import torch
 
 from vla_sched.kernels.attention_configs import decode_config
-from vla_sched.kernels.decode_attention import choose_num_kv_splits, config_for_build
+from vla_sched.kernels.decode_attention import (
+    choose_num_kv_splits,
+    config_for_build,
+    device_decode_config,
+)
 from vla_sched.kernels.residency import (
     SM90,
     KernelBuild,
@@ -60,3 +64,15 @@ def test_nothing_is_recorded_for_launches_off_a_gpu():
     before = launched_builds()
     record_launch('decode_stage1', {'HEAD_DIM': 128}, None, torch.device('cpu'))
     assert launched_builds() == before
+
+
+def test_a_build_that_cannot_be_read_plans_with_the_fallback_and_says_so():
+    # No CUDA device here: compiling the variant fails, and the split rule keeps the table's
+    # number with a warning rather than stopping decode.
+    config = decode_config(head_dim=128, group=1, itemsize=2, on_gpu=True)
+    with pytest.warns(RuntimeWarning, match='planning with the fallback of 5 programs'):
+        resolved = device_decode_config(
+            config, dtype=torch.bfloat16, num_q_heads=32, num_kv_heads=32, head_dim=128,
+            v_head_dim=128, max_kv_splits=8, device=torch.device('cuda', 0),
+        )  # fmt: skip
+    assert resolved == config
