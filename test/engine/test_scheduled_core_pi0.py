@@ -5,6 +5,7 @@ or refused."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import numpy as np
@@ -108,3 +109,40 @@ def test_start_up_refuses_a_missing_tokenizer_other_families_settings_and_the_se
         check_model_path(_config(folder, oft_preset='libero'))
     with pytest.raises(ModelPathError, match=r'engine\.core sequential does not serve pi0'):
         check_model_path(_config(folder, core='sequential'))
+
+
+def test_a_step_with_its_previous_chunk_is_guided_towards_it_on_the_frozen_actions(folder):
+    core = ScheduledCore.from_config(_config(folder, rtc_execution_horizon=3))
+    try:
+        plain = _serve(core, [_request('arm0', 1, seed=0, instruction=INSTRUCTIONS[0])])
+        previous = np.linspace(-0.5, 0.5, 4 * 7, dtype=np.float32).reshape(4, 7)
+        request = dataclasses.replace(
+            _request('arm0', 2, seed=0, instruction=INSTRUCTIONS[0]),
+            previous_actions=previous[:3],
+            inference_delay=2,
+        )
+        guided = _serve(core, [request])['arm0']
+        unguided = _serve(core, [_request('arm0', 2, seed=0, instruction=INSTRUCTIONS[0])])
+        assert isinstance(guided, StepResult) and isinstance(plain['arm0'], StepResult)
+        frozen = slice(0, 2)
+        guided_error = np.abs(guided.actions[frozen] - previous[frozen]).mean()
+        plain_error = np.abs(unguided['arm0'].actions[frozen] - previous[frozen]).mean()
+        assert guided_error < 0.5 * plain_error, (guided_error, plain_error)
+    finally:
+        core.close()
+
+
+def test_malformed_previous_actions_are_refused_while_others_are_served(folder):
+    core = ScheduledCore.from_config(_config(folder))
+    try:
+        bad = dataclasses.replace(
+            _request('bad', 1, seed=3, instruction='wave'),
+            previous_actions=np.full((2, 7), np.nan, np.float32),
+        )
+        out = _serve(core, [bad, _robots()[0]])
+        assert isinstance(out['bad'], StepFailure)
+        assert out['bad'].reason is FailureReason.INVALID_STATE
+        assert 'previous actions' in out['bad'].detail
+        assert isinstance(out['arm0'], StepResult)
+    finally:
+        core.close()

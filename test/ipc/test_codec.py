@@ -50,7 +50,7 @@ def _cameras(num: int) -> tuple[np.ndarray, ...]:
 def test_a_step_with_three_images_round_trips_them_in_order():
     sent = _request(images=_cameras(3))
     frames = codec.encode(sent)
-    assert len(frames) == 1 + 3 + 1  # header, three images, state
+    assert len(frames) == 1 + 3 + 1 + 1  # header, three images, state, previous actions
     got = codec.decode([bytes(f) for f in frames])
     assert isinstance(got.images, tuple) and len(got.images) == 3
     for got_image, sent_image in zip(got.images, sent.images, strict=True):
@@ -96,15 +96,16 @@ def test_malformed_image_lists_are_refused_before_any_array_is_built(images, mat
 
 
 def test_a_missing_or_extra_image_buffer_is_refused():
-    frames = _two_camera_frames()  # header, image 0, image 1, state
-    _refused([frames[0], frames[1], frames[3]], '2 buffers for 3 arrays')
-    _refused([*frames, b''], '4 buffers for 3 arrays')
+    frames = _two_camera_frames()  # header, image 0, image 1, state, previous actions
+    _refused([frames[0], frames[1], frames[3], frames[4]], '3 buffers for 4 arrays')
+    _refused([*frames, b''], '5 buffers for 4 arrays')
 
 
 def test_a_short_second_image_builds_no_array(monkeypatch):
     monkeypatch.setattr(codec, '_build_array', _no_allocation)
     frames = _two_camera_frames()
-    _refused([frames[0], frames[1], bytes(frames[2])[:-1], frames[3]], r'images\[1\]: 74 bytes')
+    short = [frames[0], frames[1], bytes(frames[2])[:-1], frames[3], frames[4]]
+    _refused(short, r'images\[1\]: 74 bytes')
 
 
 def test_decoded_arrays_do_not_alias_the_received_buffer():
@@ -197,7 +198,7 @@ def test_garbage_header_missing_buffer_and_empty_message_are_refused():
     frames = codec.encode(_request())
     with pytest.raises(codec.CodecError, match='unreadable header'):
         codec.decode([b'\xc1\xff', *frames[1:]])
-    with pytest.raises(codec.CodecError, match='0 buffers for 2 arrays'):
+    with pytest.raises(codec.CodecError, match='0 buffers for 3 arrays'):
         codec.decode(frames[:1])
     with pytest.raises(codec.CodecError, match='empty message'):
         codec.decode([])
@@ -396,7 +397,9 @@ def test_array_shape_that_is_not_a_list_of_counts_is_refused(shape):
 def test_array_shape_whose_size_overflows_int64_is_refused(shape, monkeypatch):
     monkeypatch.setattr(codec, '_build_array', _no_allocation)
     frames = codec.encode(_request())
-    header, frames = _with_array('state', ['float32', shape, 1], [frames[0], frames[1], b''])
+    header, frames = _with_array(
+        'state', ['float32', shape, 1], [frames[0], frames[1], b'', frames[3]]
+    )
     _refused_header(header, r'array state: shape .* is too large', frames)
 
 
@@ -406,19 +409,28 @@ def _no_allocation(spec):
 
 def test_buffer_longer_than_its_shape_is_refused():
     frames = codec.encode(_request())
-    _refused([*frames[:2], bytes(frames[2]) + b'\x00'], r'array state: 13 bytes .*\(12 bytes\)')
+    longer = [*frames[:2], bytes(frames[2]) + b'\x00', frames[3]]
+    _refused(longer, r'array state: 13 bytes .*\(12 bytes\)')
 
 
 def test_zero_size_array_round_trips():
     got = _roundtrip(_request(state=np.zeros((0,), np.float32)))
     assert got.state.shape == (0,) and got.state.dtype == np.float32
+    assert got.previous_actions.shape == (0, 0) and got.inference_delay == 0
+
+
+def test_previous_actions_and_the_inference_delay_round_trip():
+    previous = np.arange(12, dtype=np.float32).reshape(3, 4)
+    got = _roundtrip(_request(previous_actions=previous, inference_delay=2))
+    np.testing.assert_array_equal(got.previous_actions, previous)
+    assert got.inference_delay == 2
 
 
 def test_extra_buffer_frame_is_refused():
-    _refused([*codec.encode(_request()), b''], '3 buffers for 2 arrays')
+    _refused([*codec.encode(_request()), b''], '4 buffers for 3 arrays')
 
 
-@pytest.mark.parametrize('index', [2, -1, True, 1.0, None])
+@pytest.mark.parametrize('index', [3, -1, True, 1.0, None])
 def test_buffer_index_that_names_no_frame_is_refused(index):
     _refused_header(_with_array('state', ['float32', [3], index])[0], 'array state: buffer')
 
@@ -433,15 +445,15 @@ def test_two_arrays_sharing_one_buffer_are_refused():
 def test_frame_that_is_not_a_contiguous_byte_buffer_is_refused():
     frames = codec.encode(_request())
     _refused(['a str header', *frames[1:]], 'not a contiguous byte buffer')
-    _refused([frames[0], 60, frames[2]], 'not a contiguous byte buffer')
+    _refused([frames[0], 60, frames[2], frames[3]], 'not a contiguous byte buffer')
     strided = memoryview(np.zeros(120, np.uint8))[::2]
-    _refused([frames[0], strided, frames[2]], 'not a contiguous byte buffer')
+    _refused([frames[0], strided, frames[2], frames[3]], 'not a contiguous byte buffer')
 
 
 def test_no_array_is_built_when_a_later_array_is_malformed(monkeypatch):
     monkeypatch.setattr(codec, '_build_array', _no_allocation)
     frames = codec.encode(_request())
-    _refused([*frames[:2], bytes(frames[2])[:-1]], 'array state: 11 bytes')
+    _refused([*frames[:2], bytes(frames[2])[:-1], frames[3]], 'array state: 11 bytes')
 
 
 def _decodes_or_refuses(frames) -> None:

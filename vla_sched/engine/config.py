@@ -227,6 +227,27 @@ class EngineConfig:
         max_value=(1 << 31) - 1,
         group='engine',
     )
+    rtc_execution_horizon: int = setting(
+        10,
+        "real-time chunking: actions of a new chunk guided towards the previous chunk's "
+        '(the soft mask reaches 0 there; capped at the chunk)',
+        min_value=1,
+        max_value=1000,
+        group='engine',
+    )
+    rtc_max_guidance: float = setting(
+        10.0,
+        "real-time chunking: the cap of the guidance weight (the paper's beta)",
+        min_value=0.0,
+        max_value=1000.0,
+        group='engine',
+    )
+    rtc_mask_schedule: str = setting(
+        'linear',
+        'real-time chunking: how the soft mask decays from the frozen actions to the horizon',
+        choices=('zeros', 'ones', 'linear', 'exp'),
+        group='engine',
+    )
     pi0_tokenizer_path: str = setting(
         '',
         "pi0 / pi0.5: folder of PaliGemma's tokenizer files (empty: the Hugging Face cache)",

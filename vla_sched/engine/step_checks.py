@@ -107,6 +107,22 @@ def check_step_request(
         return fail(FailureReason.INVALID_INSTRUCTION, problem)
     if request.deadline_ns < request.stamp_ns:
         return fail(FailureReason.DEADLINE_MISSED, 'deadline is before the observation stamp')
+    problem = _previous_actions_problem(request)
+    if problem is not None:
+        return fail(FailureReason.INVALID_STATE, problem)
+    return None
+
+
+def _previous_actions_problem(request: StepRequest) -> str | None:
+    """Why a step's real-time-chunking inputs are malformed, or None (the engine compares
+    the columns with the checkpoint's action size where it uses them)."""
+    previous = request.previous_actions
+    if previous.ndim != 2 or previous.dtype != np.float32:
+        return f'previous actions must be float32 [n, dof], got {previous.dtype} {previous.shape}'
+    if not np.isfinite(previous).all():
+        return 'previous actions hold NaN or inf'
+    if request.inference_delay < 0:
+        return f'inference delay must be >= 0, got {request.inference_delay}'
     return None
 
 

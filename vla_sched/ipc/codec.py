@@ -22,7 +22,9 @@ import numpy as np
 
 from vla_sched.ipc import messages as m
 
-VERSION = 3  # 3: StepRequest.images (a tuple of arrays) and EngineInfo.num_images
+# 3: StepRequest.images (a tuple of arrays) and EngineInfo.num_images; 4: StepRequest's
+# previous_actions and inference_delay (real-time chunking).
+VERSION = 4
 ALLOWED_DTYPES = frozenset({'uint8', 'float32', 'float64', 'int32', 'int64'})
 MESSAGE_TYPES: dict[str, type] = {
     cls.__name__: cls
@@ -58,7 +60,8 @@ def encode(msg: Any) -> list[bytes | memoryview]:
         array = np.ascontiguousarray(value)
         if array.dtype.name not in ALLOWED_DTYPES:
             raise CodecError(f'{where}: dtype {array.dtype} is not allowed')
-        buffers.append(memoryview(array).cast('B'))
+        # An empty array (no previous actions) travels as an empty frame.
+        buffers.append(memoryview(array).cast('B') if array.size else memoryview(b''))
         return [array.dtype.name, list(array.shape), len(buffers) - 1]
 
     hints = _hints(type(msg))

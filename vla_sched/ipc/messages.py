@@ -47,6 +47,11 @@ class StepRequest:
     frontend maps joint names).
     ``instruction_version`` increases whenever the robot's instruction changes; the engine
     swaps the robot's session prefix when it sees a new version.
+    For a robot with real-time chunking, ``previous_actions`` holds the actions of its last
+    chunk that are still to run at this step's actions' times (row ``k`` at the time of this
+    step's action ``k``; float32 ``[n, action_dim]`` in robot units, ``n`` 0 for none) and
+    ``inference_delay`` how many of this step's first actions will have run before its
+    chunk arrives.
     """
 
     robot_id: str
@@ -59,6 +64,8 @@ class StepRequest:
     instruction: str
     instruction_version: int
     priority: int = 0
+    previous_actions: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), np.float32))
+    inference_delay: int = 0
 
 
 @dataclass(frozen=True, slots=True, eq=False)

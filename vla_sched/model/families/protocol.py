@@ -45,7 +45,9 @@ class StepFields(Protocol):
     """The fields of one robot's step a family reads (the engine's ``StepRequest`` has them).
 
     ``images`` holds one uint8 ``[H, W, 3]`` RGB image per camera, the primary first;
-    ``state`` is float32 in the checkpoint's state order.
+    ``state`` is float32 in the checkpoint's state order; ``previous_actions`` (robot units,
+    aligned to this step's actions, 0 rows for none) and ``inference_delay`` are a
+    real-time-chunking robot's, which the flow families use and the others ignore.
     """
 
     robot_id: str
@@ -57,6 +59,8 @@ class StepFields(Protocol):
     state: np.ndarray
     instruction: str
     instruction_version: int
+    previous_actions: np.ndarray
+    inference_delay: int
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,12 +22,58 @@ With ``W`` all zero (or no target) the guided velocity is the plain one.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 
+from vla_sched.core.forward_batch import FlowGuidance
+
 MASK_SCHEDULES = ('zeros', 'ones', 'linear', 'exp')
+
+
+@dataclass(frozen=True, slots=True)
+class RtcSettings:
+    """How a flow family guides a robot's chunk towards its previous one.
+
+    Attributes:
+        execution_horizon: the actions the mask reaches 0 by (capped at the chunk).
+        max_guidance: the guidance weight's cap (beta).
+        schedule: the mask's decay (``MASK_SCHEDULES``).
+    """
+
+    execution_horizon: int = 10
+    max_guidance: float = 10.0
+    schedule: str = 'linear'
+
+    def __post_init__(self) -> None:
+        if self.execution_horizon < 1 or not self.max_guidance >= 0.0:
+            raise ValueError(f'RTC settings out of range: {self}')
+        if self.schedule not in MASK_SCHEDULES:
+            raise ValueError(
+                f'unknown mask schedule {self.schedule!r}; use one of {MASK_SCHEDULES}'
+            )
+
+    @classmethod
+    def from_settings(cls, settings: Mapping[str, Any]) -> RtcSettings:
+        """The engine's ``rtc_*`` settings (their defaults where absent)."""
+        return cls(
+            execution_horizon=int(settings.get('rtc_execution_horizon', 10)),
+            max_guidance=float(settings.get('rtc_max_guidance', 10.0)),
+            schedule=str(settings.get('rtc_mask_schedule', 'linear')),
+        )
+
+    def guidance(self, target: np.ndarray, *, delay: int) -> FlowGuidance:
+        """The guidance of a chunk towards ``target`` (normalized ``[chunk, width]``, rows
+        past the previous chunk's end zero), ``delay`` actions frozen."""
+        chunk = target.shape[0]
+        horizon = min(self.execution_horizon, chunk)
+        weights = soft_mask(
+            chunk, delay=min(delay, horizon), horizon=horizon, schedule=self.schedule
+        )
+        return FlowGuidance(target=target, weights=weights, max_weight=self.max_guidance)
 
 
 def soft_mask(chunk: int, *, delay: int, horizon: int, schedule: str = 'linear') -> np.ndarray:

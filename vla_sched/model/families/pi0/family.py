@@ -31,6 +31,7 @@ from vla_sched.model.families.protocol import (
     ServingRules,
     StepShape,
 )
+from vla_sched.model.runner.flow_guidance import RtcSettings
 
 if TYPE_CHECKING:
     import torch
@@ -80,14 +81,23 @@ class FlowMatchingModel:
 
     family = FAMILY_NAME
 
-    def __init__(self, folder: Path, spec: Pi0Spec, processor: Pi0Processor, seed: int) -> None:
+    def __init__(
+        self,
+        folder: Path,
+        spec: Pi0Spec,
+        processor: Pi0Processor,
+        seed: int,
+        rtc: RtcSettings | None = None,
+    ) -> None:
         from vla_sched.model.families.pi0.steps import Pi0StepTranslator
 
         self.folder = folder
         self.spec = spec
         self.processor = processor
         self.model_name = folder.name
-        self.translator = Pi0StepTranslator(spec, processor, model_name=self.model_name, seed=seed)
+        self.translator = Pi0StepTranslator(
+            spec, processor, model_name=self.model_name, seed=seed, rtc=rtc
+        )
         self.shape = step_shape(spec)
         self.rules = serving_rules(spec)
 
@@ -188,7 +198,8 @@ class Pi0Family:
         except CheckpointError as exc:
             raise FamilyError(str(exc)) from None
         seed = int(options.setting('seed', 0))
-        return FlowMatchingModel(folder, spec, Pi0Processor(spec, tokenizer), seed)
+        rtc = RtcSettings.from_settings(options.settings)
+        return FlowMatchingModel(folder, spec, Pi0Processor(spec, tokenizer), seed, rtc)
 
 
 FAMILY = Pi0Family()

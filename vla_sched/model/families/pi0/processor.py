@@ -212,6 +212,31 @@ class Pi0Processor:
             )
         return ids
 
+    def normalize_actions(self, actions: np.ndarray) -> np.ndarray:
+        """Robot-unit actions ``[n, action_dim]`` -> the model's normalized space, zero-padded
+        to ``[n, max_action_dim]``: the exact inverse of ``unnormalize_actions`` (a
+        real-time-chunking target is the previous chunk as the model produced it)."""
+        spec = self.spec
+        x = np.asarray(actions, np.float32)
+        if x.ndim != 2 or x.shape[1] != spec.action_dim:
+            raise ValueError(f'actions must be [n, {spec.action_dim}], got {list(x.shape)}')
+        stats = {k: np.asarray(v, np.float32) for k, v in spec.action_statistics.items()}
+        mode = spec.action_mode
+        if mode == 'MEAN_STD':
+            y = (x - stats['mean']) / stats['std']
+        elif mode == 'IDENTITY':
+            y = x.copy()
+        else:
+            low, high = {'MIN_MAX': ('min', 'max'), 'QUANTILES': ('q01', 'q99')}.get(
+                mode, ('q10', 'q90')
+            )
+            span = stats[high] - stats[low]
+            span = np.where(span == 0, np.float32(NORMALIZER_EPS), span)
+            y = np.float32(2.0) * (x - stats[low]) / span - np.float32(1.0)
+        padded = np.zeros((x.shape[0], spec.max_action_dim), dtype=np.float32)
+        padded[:, : spec.action_dim] = y
+        return padded
+
     def unnormalize_actions(self, x: torch.Tensor | np.ndarray) -> torch.Tensor:
         """float32 ``[chunk_size, max_action_dim]`` normalized actions -> the robot's
         ``[n_action_steps, action_dim]`` (no clipping)."""

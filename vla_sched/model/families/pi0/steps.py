@@ -13,9 +13,10 @@ prompt ids (pi0: the instruction and a newline; pi0.5: the instruction and the d
 state). The state, normalized and padded, is the request's ``proprio`` for pi0 (its state
 token); pi0.5 reads it from the prompt only. The request denoises in
 ``num_inference_steps`` passes (``max_new_tokens`` one more: the prefix pass's marker) from
-noise drawn for it (``step_noise``), and belongs to no session: its prefix attends both
-ways from the first image token on, so nothing of it can be shared. It checks nothing: a
-step reaches it after the engine's step checks.
+noise drawn for it (``step_noise``), guided towards the robot's previous chunk when the step
+carries it (real-time chunking: ``RtcSettings.guidance``), and belongs to no session: its
+prefix attends both ways from the first image token on, so nothing of it can be shared. It
+checks nothing: a step reaches it after the engine's step checks.
 """
 
 from __future__ import annotations
@@ -25,10 +26,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from vla_sched.core.forward_batch import ImageInput, SamplingParams
+from vla_sched.core.forward_batch import FlowGuidance, ImageInput, SamplingParams
 from vla_sched.core.scheduling.request import Req
 from vla_sched.model.families.images import image_content_hash
 from vla_sched.model.families.protocol import TranslatedStep
+from vla_sched.model.runner.flow_guidance import RtcSettings
 
 if TYPE_CHECKING:
     from vla_sched.model.families.pi0.checkpoint import Pi0Spec
@@ -48,6 +50,14 @@ def step_noise(spec: Pi0Spec, *, seed: int, robot_id: str, step_seq: int) -> np.
     return rng.standard_normal((spec.chunk_size, spec.max_action_dim)).astype(np.float32)
 
 
+def _no_guidance_reason(previous: np.ndarray, action_dim: int) -> str | None:
+    if previous.shape[0] == 0:
+        return 'no previous chunk'
+    if previous.shape[1] != action_dim:
+        return f'previous actions have {previous.shape[1]} columns, the model {action_dim}'
+    return None
+
+
 class Pi0StepTranslator:
     """Builds each step's flow-matching ``Req`` (see the module docstring).
 
@@ -59,12 +69,32 @@ class Pi0StepTranslator:
     """
 
     def __init__(
-        self, spec: Pi0Spec, processor: Pi0Processor, *, model_name: str, seed: int
+        self,
+        spec: Pi0Spec,
+        processor: Pi0Processor,
+        *,
+        model_name: str,
+        seed: int,
+        rtc: RtcSettings | None = None,
     ) -> None:
         self.spec = spec
         self.processor = processor
         self.model_name = model_name
         self.seed = seed
+        self.rtc = rtc or RtcSettings()
+
+    def _guidance(self, request: StepFields) -> FlowGuidance | None:
+        """Real-time chunking's guidance when the step carries its robot's previous chunk:
+        the remaining actions normalized as the model made them, up to the chunk, the
+        ``inference_delay`` first ones frozen."""
+        previous = request.previous_actions
+        if _no_guidance_reason(previous, self.spec.action_dim):
+            return None
+        spec = self.spec
+        target = np.zeros((spec.chunk_size, spec.max_action_dim), np.float32)
+        rows = self.processor.normalize_actions(previous[: spec.chunk_size])
+        target[: rows.shape[0]] = rows
+        return self.rtc.guidance(target, delay=int(request.inference_delay))
 
     def translate(self, request: StepFields) -> TranslatedStep:
         spec = self.spec
@@ -96,6 +126,7 @@ class Pi0StepTranslator:
             extra_key=self.model_name,
             proprio=proprio,
             denoise_steps=spec.num_inference_steps,
+            guidance=self._guidance(request),
             noise=step_noise(
                 spec, seed=self.seed, robot_id=request.robot_id, step_seq=request.step_seq
             ),
