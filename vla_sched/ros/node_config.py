@@ -101,6 +101,11 @@ class RobotConfig:
     dt: float = setting(
         0.1, 'seconds between the actions of one chunk', min_value=1e-4, max_value=10.0
     )
+    rtc: bool = setting(
+        False,
+        "real-time chunking: each step carries the robot's previous chunk still to run and "
+        'the inference delay, and a flow-matching checkpoint guides the new chunk towards it',
+    )
     frame_id: str = setting('base_link', 'frame_id of the published chunks')
     publish_joint_trajectory: bool = setting(
         False, 'also publish vla/joint_trajectory (needs action_space joint_position)'

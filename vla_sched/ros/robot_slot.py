@@ -42,6 +42,12 @@ from vla_sched.ipc.messages import FailureReason, StepFailure, StepRequest, Step
 from vla_sched.ros.camera_sync import CameraFrame, CameraSync, Observation
 from vla_sched.ros.node_config import RobotConfig
 from vla_sched.ros.period_phase import PeriodSchedule
+from vla_sched.ros.previous_chunk import (
+    DELAY_PERCENTILE,
+    NO_ACTIONS,
+    PublishedChunk,
+    inference_delay,
+)
 from vla_sched.ros.text_bounds import MAX_DETAIL_CHARS, bounded
 from vla_sched.ros.windows import CountingThrottle, EventWindow, MsLatencyWindow
 
@@ -185,6 +191,7 @@ class RobotSlot:
         self.last_error_reason: FailureReason | None = None
         self.last_error_ns: int | None = None
         self.last_chunk_ns: int | None = None
+        self.previous_chunk: PublishedChunk | None = None  # the last one, under rtc
         self.stamp_to_publish = MsLatencyWindow(LATENCY_WINDOW_CHUNKS)
         self.window_s = float(window_s)
         window_ns = round(window_s * NS_PER_S)
@@ -305,6 +312,15 @@ class RobotSlot:
             )
         state = self.state if num_state > 0 else np.zeros(0, dtype=np.float32)
         assert state is not None
+        previous, delay = NO_ACTIONS, 0
+        if self.previous_chunk is not None:
+            dt_s = self.config.dt
+            previous = self.previous_chunk.remaining_at(obs.stamp_ns, dt_s=dt_s)
+            delay = inference_delay(
+                self.stamp_to_publish.percentile(DELAY_PERCENTILE),
+                dt_s=dt_s,
+                horizon=self.previous_chunk.actions.shape[0],
+            )
         return StepRequest(
             robot_id=self.robot_id,
             step_seq=self._next_step_seq,
@@ -316,6 +332,8 @@ class RobotSlot:
             instruction=self.instruction,
             instruction_version=self.instruction_version,
             priority=priority,
+            previous_actions=previous,
+            inference_delay=delay,
         )
 
     def _input_problem(
@@ -396,6 +414,8 @@ class RobotSlot:
         if late or result.late:
             self.num_deadline_misses += 1
         self.stamp_to_publish.add((now_ns - result.stamp_ns) / 1e6)
+        if self.config.rtc:
+            self.previous_chunk = PublishedChunk(result.stamp_ns, result.actions)
         self._chunk_times.add(now_ns)
         self.last_chunk_ns = now_ns
         return True
