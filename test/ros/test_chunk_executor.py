@@ -7,8 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from vla_sched.ros.chunk_executor import Chunk, ChunkExecutor, ensemble_weights
+from vla_sched.ros.chunk_executor import Chunk, ChunkExecutor
 from vla_sched.ros.chunk_executor_config import ChunkExecutorConfig
+from vla_sched.ros.merge import ensemble_weights
 from vla_sched.ros.node_config import ConfigError
 
 MS = 1_000_000
@@ -68,7 +69,7 @@ def test_a_chunk_plays_one_action_per_dt_on_its_boundaries_then_holds():
 
 @pytest.mark.parametrize(
     ('received_after_ns', 'reason'),
-    [(151 * MS, 'past_deadline'), (400 * MS, 'past_deadline'), (150 * MS, None)],
+    [(151 * MS, 'past_deadline'), (400 * MS, 'ended_before_arrival'), (150 * MS, None)],
 )
 def test_a_chunk_received_after_its_deadline_is_skipped_never_played(received_after_ns, reason):
     ex = _executor()
@@ -85,8 +86,20 @@ def test_no_action_is_played_after_its_chunks_end_even_with_a_late_deadline():
     ex = _executor()
     chunk = _chunk(1, T0, _ramp(0.0, horizon=2), budget_ns=10_000 * MS)
     assert ex.receive(chunk, T0) is None
-    assert ex.tick(T0 + 199 * MS).rows[0][0] == 1.0
+    assert ex.tick(T0 + 180 * MS).rows[0][0] == 1.0
+    assert ex.tick(T0 + 199 * MS) is None  # reached 1 ms later: under the minimum lead
     assert ex.tick(T0 + 200 * MS) is None  # its end
+
+
+def test_a_chunk_that_ended_before_it_arrived_is_not_said_to_be_past_its_deadline():
+    ex = _executor()
+    chunk = _chunk(1, T0, _ramp(0.0), budget_ns=10_000 * MS)
+    assert ex.receive(chunk, T0 + 450 * MS) == 'ended_before_arrival'
+    _, detail = ex.counts.last_skip
+    assert 'arrived 450.0 ms after its stamp' in detail and 'horizon 4 x dt 100 ms' in detail
+    near_end = _chunk(2, T0 + DT, _ramp(0.0), budget_ns=10_000 * MS)
+    assert ex.receive(near_end, T0 + 495 * MS) == 'ends_within_lead'  # its end 5 ms away
+    assert ex.counts.skipped['past_deadline'] == 0
 
 
 def test_without_blending_the_newest_chunk_wins_and_an_unplayed_older_one_is_superseded():

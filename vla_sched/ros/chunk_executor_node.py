@@ -18,14 +18,24 @@ publishes it), keeps and plays chunks by the rules of ``chunk_executor`` on the 
   chunk's frame; a zero twist once when it starts to hold, and on the way out.
 - ``publish_gripper``: the current action's gripper column as a Float64.
 
+A new chunk meets the playing one by the ``blending`` merge mode (``merge``). No point is sent
+to be reached less than ``min_lead_s`` after its tick (the action is dropped and the next one
+sent). With ``safety_gate`` on, each chunk is checked against the newest ``joint_states`` and
+the joint limits (``safety_gate``) and clipped or refused before it is kept. When nothing is
+left to play the executor holds; after ``starvation_timeout_s`` it keeps holding or moves to
+``safe_position`` (checked by the gate when it is on).
+
 Ticks fall on the newest chunk's action boundaries (a one-shot timer re-armed each tick),
 and once at a chunk's arrival. No message stops it: every field is checked first
 (``chunk_checks``: dt within ``[min_chunk_dt_s, max_chunk_dt_s]``, shapes, the columns the
 sink reads, finite values) and the stamp against the clock (``max_stamp_skew_s``); a chunk
 that fails is skipped and counted by reason. ``/diagnostics`` gets one status,
 ``'<node>: chunk executor'``, with what was executed, skipped (by reason, and the last skip's
-detail) and held, and the newest chunk's age; ERROR when every chunk so far was of an action
-space the sink cannot play (also logged, once per action space).
+detail) and held (holds, their time, starvation timeouts), the safety gate's refusals and
+clips by reason, the executed action period p50/p99 and the newest chunk's age; ERROR when
+every chunk so far was of an action space the sink cannot play (also logged, once per action
+space), WARN while holding and while a JointTrajectoryController is sent placeholder joint
+names (``a0``, ``a1``, ...: the vla_sched node's names when ``action_joint_names`` is unset).
 
 String parameters whose choices YAML reads as booleans (``-p blending:=off`` is the boolean
 false) are accepted as the boolean too: false is ``off``.
@@ -33,22 +43,33 @@ false) are accepted as the boolean too: false is ``off``.
 
 from __future__ import annotations
 
+import math
+import re
 import sys
 from dataclasses import dataclass
 
+import numpy as np
 import rclpy
 from diagnostic_msgs.msg import DiagnosticArray
 from geometry_msgs.msg import TwistStamped
+from rcl_interfaces.msg import ParameterDescriptor
 from rclpy.exceptions import ParameterException
 from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
 from rclpy.node import Node
+from rclpy.qos import qos_profile_sensor_data
 from rclpy.signals import SignalHandlerOptions
+from sensor_msgs.msg import JointState
 from std_msgs.msg import Float64
 from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
 
 from vla_sched.msg import ActionChunk
 from vla_sched.ros.chunk_checks import ChunkRefusedError, ChunkRules, chunk_from_message
-from vla_sched.ros.chunk_executor import SKIP_REASONS, ChunkExecutor, Command
+from vla_sched.ros.chunk_executor import (
+    PERIOD_WINDOW_ACTIONS,
+    SKIP_REASONS,
+    ChunkExecutor,
+    Command,
+)
 from vla_sched.ros.chunk_executor_config import ChunkExecutorConfig
 from vla_sched.ros.conversions import ns_to_duration, ns_to_stamp
 from vla_sched.ros.diagnostic_keys import NO_DATA
@@ -57,6 +78,7 @@ from vla_sched.ros.node_config import GRIPPER_COLUMN, ConfigError
 from vla_sched.ros.outputs import ee_twist
 from vla_sched.ros.parameters import ParamSpec, check_value, descriptor
 from vla_sched.ros.robot_topics import control_qos
+from vla_sched.ros.safety_gate import CHECK_REASONS, GATE_REASONS, SafetyGate
 from vla_sched.ros.shutdown import ShutdownRequest
 from vla_sched.ros.text_bounds import MAX_MESSAGE_CAUSE_CHARS, bounded
 from vla_sched.settings import settings_of
@@ -68,6 +90,10 @@ STATUS_SUFFIX = ': chunk executor'
 CONTROL_QOS = control_qos()
 AGE_KEY = 'newest chunk age (s)'
 LAST_SKIP_KEY = 'last skipped'
+PERIOD_P50_KEY = f'executed action period p50 over last {PERIOD_WINDOW_ACTIONS} actions (ms)'
+PERIOD_P99_KEY = PERIOD_P50_KEY.replace(' p50 ', ' p99 ')
+# The vla_sched node's joint names when a robot's action_joint_names is unset.
+PLACEHOLDER_NAME = re.compile(r'a\d+')
 # What YAML makes of these words: a choice spelled so arrives as a boolean.
 _YAML_BOOL_WORDS = {False: ('off', 'false', 'no'), True: ('on', 'true', 'yes')}
 NS_PER_S = 1_000_000_000
@@ -84,11 +110,24 @@ def declare_config(node: Node) -> ChunkExecutorConfig:
     for defined in settings_of(ChunkExecutorConfig):
         spec = ParamSpec(defined.name, defined)
         desc = descriptor(spec)
+        if defined.is_string_list:
+            values[spec.name] = check_value(spec, _declare_list(node, spec.name, desc))
+            continue
         if _bool_words(defined.choices):
             desc.dynamic_typing = True  # a boolean is read back as its word below
         param = node.declare_parameter(spec.name, spec.default, desc)
         values[spec.name] = check_value(spec, _choice_of(param.value, defined.choices))
     return ChunkExecutorConfig(**values)
+
+
+def _declare_list(node: Node, name: str, desc: ParameterDescriptor) -> list:
+    """A string-list parameter's value: '[]' in a params file arrives as "not set", so the
+    given value is read through a dynamically typed probe, then declared with ``desc``."""
+    value = node.declare_parameter(name, [], ParameterDescriptor(dynamic_typing=True)).value
+    node.undeclare_parameter(name)
+    value = [] if value is None else value
+    node.declare_parameter(name, value, desc, ignore_override=True)
+    return value
 
 
 def _bool_words(choices: tuple[str, ...] | None) -> dict[bool, str]:
@@ -118,10 +157,16 @@ def chunk_rules(config: ChunkExecutorConfig) -> ChunkRules:
     )
 
 
-def take_chunk(executor: ChunkExecutor, rules: ChunkRules, msg: ActionChunk, now_ns: int) -> bool:
-    """Check ``msg`` and hand it to ``executor``: True if it was kept, else it was counted as
-    skipped (``executor.counts.last_skip`` says why). Nothing is raised, whatever ``msg``
-    holds."""
+def take_chunk(
+    executor: ChunkExecutor,
+    rules: ChunkRules,
+    msg: ActionChunk,
+    now_ns: int,
+    gate: SafetyGate | None = None,
+) -> bool:
+    """Check ``msg`` and hand it to ``executor`` (through ``gate`` when it is on): True if it
+    was kept, else it was counted as skipped (``executor.counts.last_skip`` says why).
+    Nothing is raised, whatever ``msg`` holds."""
     try:
         chunk = chunk_from_message(msg, rules)
     except ChunkRefusedError as exc:
@@ -130,7 +175,31 @@ def take_chunk(executor: ChunkExecutor, rules: ChunkRules, msg: ActionChunk, now
     except Exception as exc:  # a message no check foresaw: counted, never fatal
         executor.skip('malformed', f'chunk {msg.step_seq}: {type(exc).__name__}: {exc}')
         return False
-    return executor.receive(chunk, now_ns) is None
+    gated = gate if gate is not None and gate.enabled else None
+    published = published_ns(chunk.stamp_ns, msg.total_ms)
+    return executor.receive(chunk, now_ns, published_ns=published, gate=gated) is None
+
+
+def published_ns(stamp_ns: int, total_ms: float) -> int | None:
+    """When a chunk was published: its stamp plus its ``total_ms``; None when that is not a
+    finite, non-negative time."""
+    total_ms = float(total_ms)
+    if not math.isfinite(total_ms) or not 0 <= total_ms <= 3.6e6:
+        return None
+    return stamp_ns + round(total_ms * 1e6)
+
+
+def executor_of(config: ChunkExecutorConfig) -> ChunkExecutor:
+    """The chunk executor's rules with ``config``'s settings."""
+    return ChunkExecutor(
+        action_spaces=config.action_spaces,
+        blending=config.blending,
+        ensemble_m=config.ensemble_m,
+        lookahead=config.trajectory_points == 'remaining',
+        max_stamp_skew_ns=round(config.max_stamp_skew_s * NS_PER_S),
+        min_lead_ns=round(config.min_lead_s * NS_PER_S),
+        blend_joints=config.blend_joints,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,16 +242,47 @@ def trajectory_message(command: Command, *, stamped: bool) -> JointTrajectory:
     return msg
 
 
+@dataclass(slots=True)
+class StarvationCounts:
+    """What the executor did when a hold outlasted ``starvation_timeout_s``."""
+
+    timeouts: int = 0  # holds that outlasted it
+    safe_position_moves: int = 0  # safe positions sent
+    safe_position_refused: int = 0  # safe positions the safety gate refused (kept holding)
+    handled_hold_ns: int | None = None  # the start of the last hold handled
+
+
+def placeholder_names(names: tuple[str, ...]) -> bool:
+    """Whether ``names`` are the vla_sched node's placeholders ``a0``, ``a1``, ..."""
+    return bool(names) and all(PLACEHOLDER_NAME.fullmatch(name) for name in names)
+
+
+def _ms(value: float) -> str:
+    return NO_DATA if math.isnan(value) else f'{value:.1f}'
+
+
 def executor_status(
-    executor: ChunkExecutor, config: ChunkExecutorConfig, *, node_name: str, now_ns: int
+    executor: ChunkExecutor,
+    config: ChunkExecutorConfig,
+    *,
+    node_name: str,
+    now_ns: int,
+    gate: SafetyGate | None = None,
+    starvation: StarvationCounts | None = None,
 ) -> StatusData:
     """The executor's /diagnostics status: STALE before its first chunk, WARN while it holds
-    after having played, OK while it plays."""
+    after having played or while its JointTrajectoryController gets placeholder joint names,
+    OK while it plays."""
     counts = executor.counts
+    starvation = starvation or StarvationCounts()
     age_ns = executor.newest_age_ns(now_ns)
     age = NO_DATA if age_ns is None else f'{age_ns / 1e9:.3f}'
     last_reason, last_detail = counts.last_skip or ('', '')
     num_skipped = sum(counts.skipped.values())
+    hold_ns = executor.hold_ns(now_ns)
+    placeholders = config.sink == 'joint_trajectory' and placeholder_names(
+        executor.newest_joint_names
+    )
     if not executor.admitted_any and last_reason == 'action_space':
         level, state = ERROR, 'cannot play'
         message = (
@@ -196,23 +296,60 @@ def executor_status(
         )
     elif not executor.admitted_any:
         level, message, state = STALE, 'waiting for the first chunk', 'waiting'
+    elif placeholders:
+        level = WARN
+        state = 'holding' if executor.holding else 'executing'
+        names = executor.newest_joint_names
+        message = (
+            f"joint names {names[0]}..{names[-1]} are placeholders: set the robot's "
+            "action_joint_names on the vla_sched node to its controller's joints"
+        )
     elif executor.holding:
         level, state = WARN, 'holding'
-        message = f'holding: no valid action left (newest chunk {age} s old)'
+        message = (
+            f'holding {hold_ns / 1e9:.1f} s: no valid action left (newest chunk {age} s old, '
+            f'last skipped {last_reason or NO_DATA})'
+        )
     else:
         level, message, state = OK, f'executing (newest chunk {age} s old)', 'executing'
+    longest_ns = max(counts.longest_hold_ns, hold_ns)
     values = [
         ('state', state),
         ('sink', config.sink),
         ('blending', config.blending),
+        ('min lead (ms)', f'{executor.min_lead_ns / 1e6:g}'),
         ('actions executed', str(counts.actions_executed)),
         ('chunks executed', str(counts.chunks_executed)),
+        (PERIOD_P50_KEY, _ms(executor.action_periods.percentile(50))),
+        (PERIOD_P99_KEY, _ms(executor.action_periods.percentile(99))),
         ('holds', str(counts.holds)),
+        ('time held (s)', f'{(counts.held_ns + hold_ns) / 1e9:.3f}'),
+        ('current hold (s)', f'{hold_ns / 1e9:.3f}'),
+        ('longest hold (s)', f'{longest_ns / 1e9:.3f}'),
+        ('starvation action', config.starvation_action),
+        ('starvation timeouts', str(starvation.timeouts)),
+        ('safe position moves', str(starvation.safe_position_moves)),
+        ('safe positions refused', str(starvation.safe_position_refused)),
         *((f'chunks skipped: {r}', str(counts.skipped[r])) for r in SKIP_REASONS),
+        ('safety gate', config.safety_gate),
+        *_gate_values(gate),
         (AGE_KEY, age),
         (LAST_SKIP_KEY, f'{last_reason}: {last_detail}' if last_reason else NO_DATA),
     ]
     return StatusData(node_name + STATUS_SUFFIX, level, message, node_name, tuple(values))
+
+
+def _gate_values(gate: SafetyGate | None) -> list[tuple[str, str]]:
+    """The safety gate's counts by reason (n/a while it is off)."""
+    on = gate is not None and gate.enabled
+
+    def count(table: str, reason: str) -> str:
+        return str(getattr(gate, table)[reason]) if on else NO_DATA
+
+    values = [('safety gate checked', str(gate.checked) if on else NO_DATA)]
+    values += [(f'safety gate refused: {r}', count('refused', r)) for r in GATE_REASONS]
+    values += [(f'safety gate clipped: {r}', count('clipped', r)) for r in CHECK_REASONS]
+    return values
 
 
 class ChunkExecutorNode(Node):
@@ -222,13 +359,13 @@ class ChunkExecutorNode(Node):
         super().__init__(NODE_NAME, **node_kwargs)
         self.config = declare_config(self)
         cfg = self.config
-        self.executor_rules = ChunkExecutor(
-            action_spaces=cfg.action_spaces,
-            blending=cfg.blending,
-            ensemble_m=cfg.ensemble_m,
-            lookahead=cfg.trajectory_points == 'remaining',
-            max_stamp_skew_ns=round(cfg.max_stamp_skew_s * NS_PER_S),
+        self.executor_rules = executor_of(cfg)
+        self.gate = SafetyGate(
+            mode=cfg.safety_gate,
+            limits=cfg.limits(),
+            max_state_age_ns=round(cfg.max_joint_state_age_s * NS_PER_S),
         )
+        self.starvation = StarvationCounts()
         self.chunk_rules = chunk_rules(cfg)
         self._unplayable_spaces: set[str] = set()  # the action spaces logged as unplayable
         self._trajectory = self._twist = self._gripper = None
@@ -242,12 +379,22 @@ class ChunkExecutorNode(Node):
             self._gripper = self.create_publisher(Float64, cfg.gripper_topic, CONTROL_QOS)
         self._diagnostics = self.create_publisher(DiagnosticArray, '/diagnostics', 10)
         self._tick_timer = self.create_timer(1.0, self._on_tick, autostart=False)
+        self._starvation_timer = self.create_timer(
+            max(cfg.starvation_timeout_s, 1e-3), self._on_starvation, autostart=False
+        )
         self.create_timer(cfg.diagnostics_period_s, self.publish_diagnostics)
         self.create_subscription(ActionChunk, cfg.chunk_topic, self._on_chunk, CONTROL_QOS)
+        if self.gate.enabled:
+            # best effort matches a reliable publisher too
+            self.create_subscription(
+                JointState, cfg.joint_state_topic, self._on_joint_state, qos_profile_sensor_data
+            )
         self._last_twist_frame = ''
+        self._safe_refusal = ''
         self.get_logger().info(
             f'playing {self.resolve_topic_name(cfg.chunk_topic)} to sink {cfg.sink}'
-            f'{" and the gripper" if cfg.publish_gripper else ""}, blending {cfg.blending}'
+            f'{" and the gripper" if cfg.publish_gripper else ""}, blending {cfg.blending}, '
+            f'safety gate {cfg.safety_gate}'
         )
 
     def _now_ns(self) -> int:
@@ -256,10 +403,13 @@ class ChunkExecutorNode(Node):
     def _on_chunk(self, msg: ActionChunk) -> None:
         """Check, keep and play a chunk; no message ends the executor."""
         now = self._now_ns()
-        if take_chunk(self.executor_rules, self.chunk_rules, msg, now):
+        if take_chunk(self.executor_rules, self.chunk_rules, msg, now, self.gate):
             self._play(now)
         else:
             self._log_skip(str(msg.action_space))
+
+    def _on_joint_state(self, msg: JointState) -> None:
+        self.gate.measure(msg.name, msg.position, self._now_ns())
 
     def _log_skip(self, action_space: str) -> None:
         """Log the chunk just skipped: an action space the sink cannot play once as an error,
@@ -285,7 +435,9 @@ class ChunkExecutorNode(Node):
         if command is None:
             if self.executor_rules.holding and not was_holding:
                 self.send_zero_twist()
+                self._starvation_timer.reset()  # one-shot: cancelled when it fires
         else:
+            self._starvation_timer.cancel()
             self._send(command)
         due = self.executor_rules.next_tick_ns(now_ns)
         if due is None:
@@ -293,6 +445,50 @@ class ChunkExecutorNode(Node):
             return
         self._tick_timer.timer_period_ns = max(1, due - now_ns)
         self._tick_timer.reset()
+
+    def _on_starvation(self) -> None:
+        """A hold outlasted ``starvation_timeout_s``: keep holding, or go to the safe position."""
+        self._starvation_timer.cancel()
+        since = self.executor_rules.hold_since_ns
+        if since is None or since == self.starvation.handled_hold_ns:
+            return
+        self.starvation.handled_hold_ns = since
+        self.starvation.timeouts += 1
+        if self.config.starvation_action != 'safe_position':
+            return
+        trajectory = self.safe_position_trajectory(self._now_ns())
+        if trajectory is None:
+            self.starvation.safe_position_refused += 1
+            self.get_logger().warning(
+                f'safe position refused by the safety gate: {self._safe_refusal}'
+            )
+            return
+        self.starvation.safe_position_moves += 1
+        self._trajectory.publish(trajectory)
+
+    def safe_position_trajectory(self, now_ns: int) -> JointTrajectory | None:
+        """The trajectory to the safe position, reached ``safe_position_time_s`` from now;
+        None when the safety gate (when on) refuses it."""
+        cfg = self.config
+        pairs = cfg.safe_joint_position()
+        names = tuple(name for name, _ in pairs)
+        target = np.array([value for _, value in pairs], dtype=np.float64)
+        if self.gate.enabled:
+            verdict = self.gate.check_target(names, target, cfg.safe_position_time_s, now_ns)
+            if verdict.actions is None:
+                self._safe_refusal = verdict.detail
+                return None
+        duration_ns = round(cfg.safe_position_time_s * NS_PER_S)
+        command = Command(
+            at_ns=now_ns,
+            rows=target[None, :],
+            reached_ns=(now_ns + duration_ns,),
+            dt_ns=duration_ns,
+            joint_names=names,
+            action_space='joint_position',
+            frame_id='',
+        )
+        return trajectory_message(command, stamped=cfg.trajectory_start == 'now')
 
     def _send(self, command: Command) -> None:
         sent = sink_messages(command, self.config)
@@ -319,6 +515,8 @@ class ChunkExecutorNode(Node):
             self.config,
             node_name=self.get_fully_qualified_name(),
             now_ns=self._now_ns(),
+            gate=self.gate,
+            starvation=self.starvation,
         )
         msg = DiagnosticArray(status=[to_message(status)])
         msg.header.stamp = self.get_clock().now().to_msg()
