@@ -195,3 +195,32 @@ def test_the_gripper_needs_a_sink_that_plays_ee_delta_chunks():
         ChunkExecutorConfig(sink='joint_trajectory', publish_gripper=True)
     with pytest.raises(ConfigError, match='blending must be one of'):
         ChunkExecutorConfig(blending='average')
+
+
+def test_a_hold_is_counted_and_timed_until_a_new_chunk_plays():
+    ex = _executor()
+    ex.receive(_chunk(1, T0, _ramp(0.0, horizon=2)), T0)
+    ex.tick(T0)
+    ex.tick(T0 + DT)
+    assert ex.tick(T0 + 2 * DT) is None and ex.hold_since_ns == T0 + 2 * DT
+    assert ex.holding and ex.hold_ns(T0 + 2 * DT + 700 * MS) == 700 * MS
+    later = T0 + 3 * DT
+    ex.receive(_chunk(2, later, _ramp(5.0, horizon=1)), later + 500 * MS - DT // 2)
+    assert ex.tick(later + 500 * MS - DT // 2) is None  # stamped too long ago: still held
+    ex.receive(_chunk(3, T0 + 2_000 * MS, _ramp(9.0, horizon=1)), T0 + 2_000 * MS)
+    assert ex.tick(T0 + 2_000 * MS).rows[0][0] == 9.0
+    assert ex.hold_since_ns is None and not ex.holding
+    assert ex.counts.held_ns == ex.counts.longest_hold_ns == 1_800 * MS
+    assert ex.tick(T0 + 2_100 * MS) is None and ex.counts.holds == 2
+
+
+def test_the_executed_action_period_is_the_time_between_new_actions():
+    ex = _executor()
+    ex.receive(_chunk(1, T0, _ramp(0.0, horizon=8)), T0)
+    for tick_ms in (0, 100, 200, 330, 400, 500, 600):  # one tick 30 ms late
+        ex.tick(T0 + tick_ms * MS)
+    ex.receive(_chunk(2, T0 + 610 * MS, _ramp(5.0)), T0 + 610 * MS)
+    ex.tick(T0 + 610 * MS)  # a new chunk's action reached at a new time: a new action
+    # 100, 100, 130, 70, 100, 100, then 10 to the new chunk's action
+    assert len(ex.action_periods) == 7 and ex.action_periods.percentile(50) == 100.0
+    assert (ex.action_periods.percentile(0), ex.action_periods.percentile(100)) == (10.0, 130.0)

@@ -26,12 +26,18 @@ from vla_sched.ros.chunk_checks import ChunkRefusedError, chunk_from_message
 from vla_sched.ros.chunk_executor import Chunk, ChunkExecutor, Command
 from vla_sched.ros.chunk_executor_config import ChunkExecutorConfig
 from vla_sched.ros.chunk_executor_node import (
+    PERIOD_P50_KEY,
+    PERIOD_P99_KEY,
+    StarvationCounts,
     chunk_rules,
+    executor_of,
     executor_status,
+    placeholder_names,
     trajectory_message,
 )
 from vla_sched.ros.conversions import ns_to_stamp, stamp_to_ns
 from vla_sched.ros.robot_topics import control_qos
+from vla_sched.ros.safety_gate import SafetyGate
 from vla_sched.settings import settings_of
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -311,3 +317,45 @@ def test_the_executor_outlives_chunks_it_once_died_on_and_says_what_it_cannot_pl
         executor_node.destroy_node()
         robot.destroy_node()
         context.try_shutdown()
+
+
+def test_placeholder_joint_names_to_a_trajectory_controller_are_a_warning():
+    config = ChunkExecutorConfig()
+    rules = executor_of(config)
+    names = ('a0', 'a1', 'a2')
+    rules.receive(Chunk(1, 0, DT_NS, DT_NS, np.zeros((2, 3)), names, 'joint_position', ''), 0)
+    rules.tick(0)
+    status = executor_status(rules, config, node_name='/arm/vla_chunk_executor', now_ns=0)
+    assert status.level == 1 and 'joint names a0..a2 are placeholders' in status.message
+    assert dict(status.values)['state'] == 'executing'
+    assert placeholder_names(('a0', 'a12')) and not placeholder_names(('a0', 'elbow'))
+
+
+def test_the_status_reports_holds_starvation_the_gate_and_the_action_period():
+    config = ChunkExecutorConfig(safety_gate='refuse', joint_limits=('j0 velocity=1',))
+    rules = executor_of(config)
+    gate = SafetyGate(mode='refuse', limits=config.limits(), max_state_age_ns=DT_NS)
+    chunk = Chunk(1, 0, DT_NS, DT_NS, np.zeros((2, 3)), JOINTS, 'joint_position', '')
+    assert rules.receive(chunk, 0, gate=gate) == 'safety_gate'  # no limits for j1, j2
+    gate.limits.update({name: gate.limits['j0'] for name in JOINTS})
+    gate.measure(JOINTS, [0.0] * 3, 0)
+    assert rules.receive(chunk, 0, gate=gate) is None
+    for now in (0, DT_NS, 2 * DT_NS):
+        rules.tick(now)
+    starvation = StarvationCounts(timeouts=1, safe_position_moves=0)
+    status = executor_status(
+        rules, config, node_name='/arm/x', now_ns=3 * DT_NS, gate=gate, starvation=starvation
+    )
+    values = dict(status.values)
+    assert status.level == 1 and status.message.startswith('holding 0.2 s')
+    assert (values['holds'], values['current hold (s)'], values['time held (s)']) == (
+        '1',
+        '0.200',
+        '0.200',
+    )
+    assert values['starvation timeouts'] == '1' and values['starvation action'] == 'hold'
+    assert values['safety gate refused: no_limits'] == '1'
+    assert values['safety gate checked'] == '2' and values['chunks skipped: safety_gate'] == '1'
+    assert values[PERIOD_P50_KEY] == '200.0' and values[PERIOD_P99_KEY] == '200.0'
+    off = executor_status(rules, ChunkExecutorConfig(), node_name='/arm/x', now_ns=0)
+    assert dict(off.values)['safety gate refused: start_jump'] == 'n/a'

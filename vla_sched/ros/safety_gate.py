@@ -154,6 +154,10 @@ class SafetyGate:
                 self._positions[str(name)] = float(value)
                 self._received_ns[str(name)] = now_ns
 
+    def has_state(self, names) -> bool:
+        """Whether a position of each of ``names`` was measured."""
+        return all(name in self._positions for name in names)
+
     def __call__(self, chunk: Chunk, start: int, now_ns: int) -> GateVerdict:
         """The verdict on ``chunk``'s actions from ``start`` on, kept at ``now_ns``."""
         self.checked += 1
