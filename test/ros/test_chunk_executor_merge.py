@@ -139,3 +139,15 @@ def test_a_gripper_open_or_close_is_never_averaged(mode):
 def test_a_gripper_cannot_be_a_blend_joint():
     with pytest.raises(ValueError, match='a gripper is never blended'):
         MergeRule('blend', blend_joints=frozenset({'j0', 'left_finger_joint'}))
+
+
+def test_rtc_takes_over_early_rather_than_hold_when_the_old_chunk_has_nothing_left():
+    ex = _executor('rtc', min_lead_ns=15 * MS)
+    first, second = _recorded()[:2]
+    ex.receive(first, first.stamp_ns)
+    ex.tick(first.stamp_ns)
+    arrival = first.end_ns - 10 * MS  # the old chunk's last action is reached in 10 ms
+    assert ex.receive(second, arrival) is None
+    command = ex.tick(arrival)
+    assert command is not None and not ex.holding and ex.counts.holds == 0
+    assert command.rows[0][0] == 13.0 and command.reached_ns[0] == first.end_ns + DT

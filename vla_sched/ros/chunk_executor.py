@@ -306,9 +306,8 @@ class ChunkExecutor:
     def tick(self, now_ns: int) -> Command | None:
         """The command to send at ``now_ns``, or None to hold (see the module docstring)."""
         self._drop([k for k in self._kept if k.chunk.end_ns <= now_ns])
-        leader = self.merge.leader(self._kept, now_ns)
-        first = None if leader is None else self.first_playable(leader.chunk, now_ns)
-        if first is None:
+        leader, first = self._leading(now_ns)
+        if leader is None:
             self._enter_hold(now_ns)
             return None
         lead = leader.chunk
@@ -340,11 +339,28 @@ class ChunkExecutor:
         is kept."""
         due = [k.chunk.stamp_ns for k in self._kept if k.chunk.stamp_ns > now_ns]
         due += [k.takes_over_ns for k in self._kept if k.takes_over_ns > now_ns]
-        leader = self.merge.leader(self._kept, now_ns)
+        leader, first = self._leading(now_ns)
         if leader is not None:
-            first = self.first_playable(leader.chunk, now_ns)
-            due.append(leader.chunk.end_ns if first is None else leader.chunk.reached_ns(first))
+            due.append(leader.chunk.reached_ns(first))
         return min(due) if due else None
+
+    def _leading(self, now_ns: int) -> tuple[Kept | None, int]:
+        """The leading chunk at ``now_ns`` and its first action it can still send; when the
+        merge mode's leader has none left (its last action is within the lead), a newer
+        chunk that covers the time leads at once (rtc's take-over comes early rather than
+        a hold); (None, 0) when no kept chunk can send anything."""
+        leader = self.merge.leader(self._kept, now_ns)
+        if leader is None:
+            return None, 0
+        first = self.first_playable(leader.chunk, now_ns)
+        if first is not None:
+            return leader, first
+        for kept in reversed(self._kept):
+            if kept.chunk.stamp_ns > leader.chunk.stamp_ns:
+                first = self.first_playable(kept.chunk, now_ns)
+                if first is not None and kept.chunk.index_at(now_ns) is not None:
+                    return kept, first
+        return None, 0
 
     def _row(self, at_ns: int, leader: Kept) -> np.ndarray:
         """The merged action at ``at_ns``; the leader's alone where it no longer covers."""
