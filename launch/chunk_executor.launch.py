@@ -21,6 +21,7 @@ from vla_sched.ros.launch_args import (
     LOG_LEVELS,
     check_launch_arguments,
     chunk_executors,
+    log_level_arguments,
 )
 
 
@@ -37,7 +38,9 @@ def _executors(context) -> list:
             name=executor.node_name,
             namespace=executor.namespace,
             parameters=[str(args.params_file), {'use_sim_time': args.use_sim_time}],
-            ros_arguments=['--log-level', args.log_level],
+            ros_arguments=log_level_arguments(
+                args.log_level, executor.namespace, executor.node_name
+            ),
             output='screen',
         )
         for executor in chunk_executors(args)
@@ -69,7 +72,7 @@ def generate_launch_description():
             DeclareLaunchArgument(
                 'log_level',
                 default_value='info',
-                description='log level of the executors',
+                description="log level of the executors (their own loggers; rcl's stay at info)",
                 choices=list(LOG_LEVELS),
             ),
             OpaqueFunction(function=_executors),

@@ -15,6 +15,7 @@ from launch_ros.actions import Node
 from vla_sched.ros.launch_args import (
     LOG_LEVELS,
     check_launch_arguments,
+    log_level_arguments,
     sim_robots,
 )
 
@@ -33,7 +34,7 @@ def _sim_robots(context) -> list:
             namespace=robot.namespace,
             arguments=list(robot.arguments),
             parameters=[{'use_sim_time': args.use_sim_time}],
-            ros_arguments=['--log-level', args.log_level],
+            ros_arguments=log_level_arguments(args.log_level, robot.namespace, robot.node_name),
             output='screen',
         )
         for robot in sim_robots(args)
@@ -60,7 +61,7 @@ def generate_launch_description():
             DeclareLaunchArgument(
                 'log_level',
                 default_value='info',
-                description='log level of the robots',
+                description="log level of the robots (their own loggers; rcl's stay at info)",
                 choices=list(LOG_LEVELS),
             ),
             OpaqueFunction(function=_sim_robots),

@@ -11,11 +11,15 @@ Every argument is checked (vla_sched.ros.launch_args) before any process starts:
 ends the launch with a message naming it, and nothing is left running. vla_sched.launch.xml
 includes this file.
 
-The vla_sched node is a lifecycle node, started with its own ``autostart`` off: this file
-configures it once it runs (the engine starts and loads the model) and activates it once it
-is configured; ``autostart:=false`` leaves it configured but inactive, refusing every step,
-until ``ros2 lifecycle set /vla_sched activate`` (``/<namespace>/vla_sched`` under a
-namespace).
+The vla_sched node is a lifecycle node, started with ``--managed`` on its command line (not
+a parameter, so that ``ros2 param dump`` of it starts a node on its own that serves): it
+waits for its transitions, and this file configures it once it runs (the engine starts and
+loads the model) and activates it once it is configured; ``autostart:=false`` leaves it
+configured but inactive, refusing every step, until ``ros2 lifecycle set /vla_sched
+activate`` (``/<namespace>/vla_sched`` under a namespace).
+
+``log_level`` sets each started node's own loggers (the vla_sched node's Python loggers
+too); rcl and the middleware stay at info.
 """
 
 from launch import LaunchDescription
@@ -30,7 +34,9 @@ from lifecycle_msgs.msg import Transition
 
 from vla_sched.ros.launch_args import (
     LOG_LEVELS,
+    MANAGED_FLAG,
     check_launch_arguments,
+    log_level_arguments,
     sim_robots,
 )
 
@@ -70,7 +76,8 @@ def _arguments(share) -> list:
         DeclareLaunchArgument(
             'log_level',
             default_value='info',
-            description='log level of every node started here',
+            description="log level of each node started here (its own loggers; rcl's stay "
+            'at info)',
             choices=list(LOG_LEVELS),
         ),
         DeclareLaunchArgument(
@@ -90,15 +97,16 @@ def _bring_up(context) -> list:
     values = {name: LaunchConfiguration(name).perform(context) for name in names}
     args = check_launch_arguments(values)
     sim_time = {'use_sim_time': args.use_sim_time}
-    log_level = ['--log-level', args.log_level]
     node = LifecycleNode(
         package='vla_sched',
         executable='vla_sched_node',
         name='vla_sched',
         namespace=args.namespace,
-        # Its own autostart off: this file takes it through its transitions (_lifecycle).
-        parameters=[str(args.params_file), sim_time, {'autostart': False}],
-        ros_arguments=log_level,
+        # Managed: it waits for the transitions this file drives (_lifecycle); its autostart
+        # parameter stays as given, so a dump of its parameters starts a node that serves.
+        arguments=[MANAGED_FLAG],
+        parameters=[str(args.params_file), sim_time],
+        ros_arguments=log_level_arguments(args.log_level, args.namespace, 'vla_sched'),
         output='screen',
     )
     actions = _lifecycle(node, activate=args.autostart)
@@ -109,7 +117,7 @@ def _bring_up(context) -> list:
                 executable='aggregator_node',
                 name='analyzers',
                 parameters=[str(args.analyzers_file), sim_time],
-                ros_arguments=log_level,
+                ros_arguments=log_level_arguments(args.log_level, '', 'analyzers'),
                 output='screen',
             )
         )
@@ -122,7 +130,9 @@ def _bring_up(context) -> list:
                 namespace=robot.namespace,
                 arguments=list(robot.arguments),
                 parameters=[sim_time],
-                ros_arguments=log_level,
+                ros_arguments=log_level_arguments(
+                    args.log_level, robot.namespace, robot.node_name
+                ),
                 output='screen',
             )
         )

@@ -1,7 +1,7 @@
 """Real-process ROS tests: the node as a child process, and a test node in this process.
 
 ``NodeProcess`` starts ``python -m vla_sched.ros.node`` (or another node script) with a
-parameter file. ``Harness``
+parameter file (or a given command line). ``Harness``
 is an rclpy node (in its own context) that plays the robots: it publishes their images,
 joint states and instructions, and records every chunk, rejection, arm command (trajectory,
 twist, gripper) and /diagnostics array the node publishes, chunks, rejections and arrays with
@@ -28,7 +28,9 @@ import yaml
 from diagnostic_msgs.msg import DiagnosticArray
 from geometry_msgs.msg import TwistStamped
 from lifecycle_msgs.srv import ChangeState, GetAvailableTransitions, GetState
+from rcl_interfaces.srv import GetParameters, ListParameters
 from rclpy.executors import SingleThreadedExecutor
+from rclpy.parameter import parameter_value_to_python
 from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
 from rclpy.qos import qos_profile_sensor_data as sensor_qos
 from sensor_msgs.msg import CompressedImage, Image, JointState
@@ -49,14 +51,27 @@ class NodeProcess:
     """The vla_sched node in a child process, configured by ``values`` (ros__parameters);
     ``script`` runs that file instead of ``vla_sched.ros.node`` (a node with a fake engine)."""
 
-    def __init__(self, folder: Path, values: dict[str, Any], *, script: Path | None = None):
-        self.params_path = folder / 'params.yaml'
-        self.params_path.write_text(yaml.safe_dump({'vla_sched': {'ros__parameters': values}}))
-        self.log_path = folder / 'node.log'
-        cmd = [sys.executable, '-m', 'vla_sched.ros.node']
-        if script is not None:
-            cmd = [sys.executable, str(script)]
-        cmd += ['--ros-args', '--params-file', str(self.params_path)]
+    def __init__(
+        self,
+        folder: Path,
+        values: dict[str, Any] | None,
+        *,
+        script: Path | None = None,
+        command: list[str] | None = None,
+        ros_arguments: tuple[str, ...] = (),
+        name: str = 'node',
+    ):
+        self.log_path = folder / f'{name}.log'
+        if command is not None:  # the whole command line (e.g. as a launch file gives it)
+            cmd = command
+        else:
+            self.params_path = folder / f'{name}_params.yaml'
+            params = {'vla_sched': {'ros__parameters': values}}
+            self.params_path.write_text(yaml.safe_dump(params))
+            cmd = [sys.executable, '-m', 'vla_sched.ros.node']
+            if script is not None:
+                cmd = [sys.executable, str(script)]
+            cmd += ['--ros-args', '--params-file', str(self.params_path), *ros_arguments]
         with self.log_path.open('w') as log:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
 
@@ -204,6 +219,20 @@ class Harness:
         request = ChangeState.Request(transition=match[0])
         return self._call(ChangeState, f'{node_name}/change_state', request, timeout_s).success
 
+    # --- the node's parameters, as ros2 param dump reads them ---------------------------------
+
+    def parameters(self, node_name: str, timeout_s: float = 30.0) -> dict[str, Any]:
+        """Every parameter of ``node_name`` and its value, read through its list and get
+        parameters services."""
+        listed = self._call(
+            ListParameters, f'{node_name}/list_parameters', ListParameters.Request(), timeout_s
+        )
+        names = sorted(listed.result.names)
+        got = self._call(
+            GetParameters, f'{node_name}/get_parameters', GetParameters.Request(names=names), 30
+        )
+        return {n: parameter_value_to_python(v) for n, v in zip(names, got.values, strict=True)}
+
     def _call(self, srv_type, name: str, request, timeout_s: float):
         client = self.node.create_client(srv_type, name)
         try:
@@ -265,6 +294,18 @@ class Harness:
         self.executor.shutdown()
         self.node.destroy_node()
         self.context.try_shutdown()
+
+
+def dump_yaml(node_name: str, values: dict[str, Any]) -> str:
+    """The YAML ``ros2 param dump`` prints: nested at each '.', keyed by the node's name."""
+    tree: dict = {}
+    for name, value in values.items():
+        *groups, leaf = name.split('.')
+        holder = tree
+        for group in groups:
+            holder = holder.setdefault(group, {})
+        holder[leaf] = value
+    return yaml.dump({node_name: {'ros__parameters': tree}}, default_flow_style=False)
 
 
 def _now() -> int:

@@ -14,17 +14,21 @@ from __future__ import annotations
 
 import ast
 import re
-import runpy
-import sys
-import types
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
 import yaml
+from launch_stand_ins import bring_up
 from lifecycle_msgs.msg import Transition
 
-from vla_sched.ros.launch_args import LaunchArgumentError, check_launch_arguments, sim_robots
+from vla_sched.ros.launch_args import (
+    MANAGED_FLAG,
+    LaunchArgumentError,
+    check_launch_arguments,
+    log_level_arguments,
+    sim_robots,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 LAUNCH = ROOT / 'launch'
@@ -147,9 +151,8 @@ def test_every_launch_file_offers_sim_time_and_log_level_and_declares_its_choice
         assert allowed is None or arguments[name] in allowed, name
     for call in _node_calls(path):
         kwargs = _kwargs(call)
-        assert ast.unparse(kwargs['ros_arguments']) in (
-            'log_level',
-            "['--log-level', args.log_level]",
+        assert ast.unparse(kwargs['ros_arguments']).startswith(
+            'log_level_arguments(args.log_level, '
         )
         params = ast.unparse(kwargs['parameters'])
         assert 'sim_time' in params, params
@@ -227,11 +230,13 @@ def test_the_python_launch_file_starts_the_node_with_the_params_file_and_namespa
     calls = {_kwargs(c)['executable'].value: _kwargs(c) for c in _node_calls(PY_FILE)}
     node = calls['vla_sched_node']
     assert node['name'].value == 'vla_sched'
+    # Its autostart parameter stays as given: --managed on its command line makes it wait
+    # for the transitions the launch file drives, so a dump of its parameters serves.
     assert [ast.unparse(e) for e in node['parameters'].elts] == [
         'str(args.params_file)',
         'sim_time',
-        "{'autostart': False}",  # the launch file takes it through its lifecycle
     ]
+    assert ast.unparse(node['arguments']) == '[MANAGED_FLAG]'
     assert ast.unparse(node['namespace']) == 'args.namespace'
     assert ast.unparse(calls['aggregator_node']['parameters']) == (
         '[str(args.analyzers_file), sim_time]'
@@ -263,59 +268,10 @@ def test_simulated_robot_ids_are_the_ones_the_default_params_file_serves():
     assert [r.namespace for r in robots] == [f'/gpu0/{rid}' for rid in robot_ids]
 
 
-class _Recorded:
-    """A stand-in for a launch or launch_ros class: keeps what it was built with."""
-
-    def __init__(self, *args, **kwargs) -> None:
-        self.args, self.kwargs = args, kwargs
-
-
-class _LaunchConfiguration(_Recorded):
-    def perform(self, context: dict) -> str:
-        return context[self.args[0]]
-
-
-def _stand_ins() -> dict[str, types.ModuleType]:
-    """Modules with the names vla_sched.launch.py imports from launch and launch_ros."""
-    names = {
-        'launch': ['LaunchDescription'],
-        'launch.actions': [
-            'DeclareLaunchArgument',
-            'EmitEvent',
-            'OpaqueFunction',
-            'RegisterEventHandler',
-        ],
-        'launch.events': [],
-        'launch.substitutions': ['PathJoinSubstitution'],
-        'launch_ros': [],
-        'launch_ros.actions': ['LifecycleNode', 'Node'],
-        'launch_ros.event_handlers': ['OnStateTransition'],
-        'launch_ros.events': [],
-        'launch_ros.events.lifecycle': ['ChangeState'],
-        'launch_ros.substitutions': ['FindPackageShare'],
-    }
-    modules = {}
-    for module, classes in names.items():
-        modules[module] = types.ModuleType(module)
-        for name in classes:
-            setattr(modules[module], name, type(name, (_Recorded,), {}))
-    modules['launch.substitutions'].LaunchConfiguration = _LaunchConfiguration
-    modules['launch.events'].matches_action = lambda action: ('matches', action)
-    return modules
-
-
 def _bring_up(monkeypatch, autostart: str) -> list:
     """What vla_sched.launch.py's ``_bring_up`` returns for its default arguments and
     ``autostart``."""
-    for name, module in _stand_ins().items():
-        monkeypatch.setitem(sys.modules, name, module)
-    context = {name: default for name, default in _py_arguments(PY_FILE).items()}
-    context.update(
-        params_file=str(ROOT / 'config' / 'vla_sched.yaml'),
-        analyzers_file=str(ROOT / 'config' / 'diagnostics_analyzers.yaml'),
-        autostart=autostart,
-    )
-    return runpy.run_path(str(PY_FILE))['_bring_up'](context)
+    return bring_up(monkeypatch, autostart=autostart)
 
 
 def _transition(action, node) -> int:
@@ -330,7 +286,8 @@ def test_the_launch_file_configures_the_lifecycle_node_and_activates_it_by_defau
     handler, node, configure = _bring_up(monkeypatch, 'true')
     assert type(node).__name__ == 'LifecycleNode'
     assert node.kwargs['executable'] == 'vla_sched_node'
-    assert {'autostart': False} in node.kwargs['parameters']  # not on its own
+    assert node.kwargs['arguments'] == [MANAGED_FLAG]  # not on its own
+    assert not [p for p in node.kwargs['parameters'] if isinstance(p, dict) and 'autostart' in p]
     assert _transition(configure, node) == Transition.TRANSITION_CONFIGURE
     (on_configured,) = handler.args
     assert on_configured.kwargs['target_lifecycle_node'] is node
@@ -346,3 +303,15 @@ def test_autostart_false_leaves_the_node_configured(monkeypatch):
     assert _transition(configure, node) == Transition.TRANSITION_CONFIGURE
     with pytest.raises(LaunchArgumentError, match="autostart must be true or false, got 'yes'"):
         _bring_up(monkeypatch, 'yes')
+
+
+def test_log_level_sets_each_nodes_own_logger_and_leaves_rcl_alone(monkeypatch):
+    actions = bring_up(monkeypatch, log_level='debug', namespace='gpu0', num_sim_robots='2')
+    nodes = [a for a in actions if type(a).__name__ in ('Node', 'LifecycleNode')]
+    levels = {n.kwargs['name']: n.kwargs['ros_arguments'] for n in nodes}
+    assert levels == {
+        'vla_sched': ['--log-level', 'gpu0.vla_sched:=debug'],
+        'sim_robot_0': ['--log-level', 'gpu0.robot_0.sim_robot_0:=debug'],
+        'sim_robot_1': ['--log-level', 'gpu0.robot_1.sim_robot_1:=debug'],
+    }
+    assert log_level_arguments('warn', '', 'vla_sched') == ['--log-level', 'vla_sched:=warn']

@@ -8,8 +8,10 @@ and ``<node>/<id>`` for a robot. ``config/diagnostics_analyzers.yaml`` matches t
 Keys, in the order rqt shows them: units and windows in the key (``action rate over 5 s
 (Hz)``), one key per reason for counts by reason (``aborts: deadline_missed``); latency keys
 name their two ends. The scheduler's first key is the node's lifecycle state
-(``unconfigured``, ``inactive``, ``active`` or ``finalized``); its engine state is ``stopped``
-while the node has no engine (unconfigured or finalized).
+(``unconfigured``, ``inactive``, ``active`` or ``finalized``), then the clock the node's ROS
+time follows (``ros clock``: ``system``, ``sim`` once ``/clock`` runs under ``use_sim_time``,
+``sim_no_clock`` while no ``/clock`` came) and the node's uptime on the steady clock; its
+engine state is ``stopped`` while the node has no engine (unconfigured or finalized).
 """
 
 from __future__ import annotations
@@ -40,6 +42,9 @@ TTFT_P50_KEY = (
 RETRACTS_WINDOW_KEY = f'retracts in last {ENGINE_RETRACT_WINDOW_S:g} s'
 CACHE_HIT_KEY = 'radix cache hit rate (%)'
 LIFECYCLE_STATE_KEY = 'lifecycle state'
+ROS_CLOCK_KEY = 'ros clock'
+NODE_UPTIME_KEY = 'node uptime (s)'
+SYSTEM_CLOCK, SIM_CLOCK, SIM_NO_CLOCK = 'system', 'sim', 'sim_no_clock'  # ROS_CLOCK_KEY values
 ENGINE_STATE_KEY = 'engine state'
 RESTART_ATTEMPT_KEY = 'engine restart attempt'
 NEXT_RESTART_KEY = 'next engine restart in (s)'
@@ -84,7 +89,14 @@ STATS_KEYS = (
     'worst robot deadline misses',
     BAD_FRAMES_FROM_NODE_KEY,
 )
-SCHEDULER_KEYS = (LIFECYCLE_STATE_KEY, *ENGINE_KEYS, *STATS_KEYS, 'stats age (s)')
+SCHEDULER_KEYS = (
+    LIFECYCLE_STATE_KEY,
+    ROS_CLOCK_KEY,
+    NODE_UPTIME_KEY,
+    *ENGINE_KEYS,
+    *STATS_KEYS,
+    'stats age (s)',
+)
 ENGINE_ROBOT_KEYS = (
     'cached session prefix tokens',
     'retracts',

@@ -23,14 +23,16 @@ and the engine's state is ``stopped`` while the node has none (``stopped_engine`
 or finalized, with the error of a configure that failed).
 
 Levels, scheduler: ERROR when the engine is dead; WARN while the node is not active (its
-message says what it refuses and until when), while the engine starts, for ``window_s``
-after it came back from a restart, when steps were retracted in the engine's retract window,
-or when more than ``queue_warn_threshold`` steps wait; OK otherwise. Robot: STALE until its
-first image ("waiting for first image"); ERROR when no image came for ``silent_robot_s``;
-WARN while the node is not active ("not served"), when a step of it was refused in the last
-window or its action rate is below ``rate_warn_fraction`` of its target (the message says
-whether its camera is too slow, the engine is not answering (its steps timed out) or the
-node is too slow); OK otherwise. Messages put the cause first.
+message says what it refuses and until when), under ``use_sim_time`` when no ``/clock``
+came ``NO_CLOCK_WARN_S`` after start-up (the message starts with it), while the engine
+starts, for ``window_s`` after it came back from a restart, when steps were retracted in the
+engine's retract window, or when more than ``queue_warn_threshold`` steps wait; OK
+otherwise. Robot: STALE until its first image ("waiting for first image", with the node's
+uptime on the steady clock, which runs also while sim time stands still); ERROR when no
+image came for ``silent_robot_s``; WARN while the node is not active ("not served"), when a
+step of it was refused in the last window or its action rate is below ``rate_warn_fraction``
+of its target (the message says whether its camera is too slow, the engine is not answering
+(its steps timed out) or the node is too slow); OK otherwise. Messages put the cause first.
 """
 
 from __future__ import annotations
@@ -53,12 +55,16 @@ from vla_sched.ros.diagnostic_keys import (
     LIFECYCLE_STATE_KEY,
     NEXT_RESTART_KEY,
     NO_DATA,
+    NODE_UPTIME_KEY,
     REASONS,
     RESTART_ATTEMPT_KEY,
     RETRACTS_WINDOW_KEY,
+    ROS_CLOCK_KEY,
+    SIM_NO_CLOCK,
     STATS_KEYS,
     STEP_LATENCY_P50_KEY,
     STEP_LATENCY_P99_KEY,
+    SYSTEM_CLOCK,
     robot_hardware_id,
     robot_keys,
     robot_status_name,
@@ -76,6 +82,7 @@ if TYPE_CHECKING:
 OK, WARN, ERROR, STALE = 0, 1, 2, 3  # diagnostic_msgs/DiagnosticStatus levels
 ACTIVE = 'active'  # the lifecycle state in which the node serves its robots
 STOPPED = 'stopped'  # the engine state while the node has no engine
+NO_CLOCK_WARN_S = 3.0  # under use_sim_time, no /clock this long after start-up is a WARN
 # What a node that is not active does, by lifecycle state.
 _NOT_SERVING = {
     'unconfigured': 'every step is refused until the node is configured and activated',
@@ -156,14 +163,23 @@ def scheduler_data(
     node_name: str,
     robots: Sequence[RobotView] = (),
     lifecycle_state: str = ACTIVE,
+    ros_clock: str = SYSTEM_CLOCK,
+    uptime_s: float = math.nan,
 ) -> StatusData:
     """The scheduler status from the engine's view (stats may be missing while it is down);
-    ``robots`` give the worst robot its deadline misses."""
+    ``robots`` give the worst robot its deadline misses; ``ros_clock`` is what the node's
+    ROS time follows (``ROS_CLOCK_KEY``'s values), ``uptime_s`` the node's time since
+    start-up on the steady clock."""
     stats = view.stats if view.state == READY else None
     level, message = _scheduler_level(view, stats, cfg, lifecycle_state)
+    if ros_clock == SIM_NO_CLOCK and uptime_s >= NO_CLOCK_WARN_S:
+        level = max(level, WARN)
+        message = f'sim time on, no /clock received ({uptime_s:.1f} s since start-up); {message}'
     pid = str(view.pid) if view.pid is not None else 'in-process'
     values = [
         (LIFECYCLE_STATE_KEY, lifecycle_state),
+        (ROS_CLOCK_KEY, ros_clock),
+        (NODE_UPTIME_KEY, _num(uptime_s)),
         (ENGINE_STATE_KEY, view.state),
         ('engine mode', view.mode),
         ('engine pid', NO_DATA if view.state == STOPPED else pid),
@@ -267,9 +283,12 @@ def robot_data(
     *,
     node_name: str,
     lifecycle_state: str = ACTIVE,
+    uptime_s: float = math.nan,
 ) -> StatusData:
-    """One robot's status; ``engine_robot`` (None: unknown) adds what only the engine knows."""
-    level, message = _robot_level(view, cfg, lifecycle_state)
+    """One robot's status; ``engine_robot`` (None: unknown) adds what only the engine knows;
+    ``uptime_s`` (the node's, on the steady clock) is how long it has waited for its first
+    image (NaN: the slot's own age on the ROS clock)."""
+    level, message = _robot_level(view, cfg, lifecycle_state, uptime_s)
     keys = robot_keys(view.window_s)
     values = (
         _num(view.action_rate_hz, 2),
@@ -315,9 +334,12 @@ def _engine_robot_values(stats: RobotStats | None) -> list[str]:
     ]
 
 
-def _robot_level(view: RobotView, cfg: DiagnosticsConfig, lifecycle_state: str) -> tuple[int, str]:
+def _robot_level(
+    view: RobotView, cfg: DiagnosticsConfig, lifecycle_state: str, uptime_s: float
+) -> tuple[int, str]:
     if not view.seen_image:
-        return STALE, f'waiting for first image ({view.silent_s:.1f} s since start-up)'
+        waited_s = uptime_s if math.isfinite(uptime_s) else view.silent_s
+        return STALE, f'waiting for first image ({waited_s:.1f} s since start-up)'
     if view.silent_s > cfg.silent_robot_s:
         return ERROR, f'silent: no image for {view.silent_s:.1f} s'
     window = window_text(view.window_s)
@@ -370,11 +392,14 @@ def diagnostic_array(
     stamp,
     node_name: str,
     lifecycle_state: str = ACTIVE,
+    ros_clock: str = SYSTEM_CLOCK,
+    uptime_s: float = math.nan,
 ) -> DiagnosticArray:
     """The whole /diagnostics message: the scheduler status, then one status per robot.
 
     ``node_name`` is the publishing node's fully qualified name (``get_fully_qualified_name``);
-    ``lifecycle_state`` the label of its lifecycle state.
+    ``lifecycle_state`` the label of its lifecycle state; ``ros_clock`` and ``uptime_s`` as
+    for ``scheduler_data``.
     """
     # Imported here so that the status rules above import without ROS installed.
     from diagnostic_msgs.msg import DiagnosticArray
@@ -383,7 +408,13 @@ def diagnostic_array(
     engine_robots = engine.stats.robots if engine.stats is not None else {}
     statuses = [
         scheduler_data(
-            engine, cfg, node_name=node_name, robots=robots, lifecycle_state=lifecycle_state
+            engine,
+            cfg,
+            node_name=node_name,
+            robots=robots,
+            lifecycle_state=lifecycle_state,
+            ros_clock=ros_clock,
+            uptime_s=uptime_s,
         )
     ]
     statuses.extend(
@@ -393,6 +424,7 @@ def diagnostic_array(
             cfg,
             node_name=node_name,
             lifecycle_state=lifecycle_state,
+            uptime_s=uptime_s,
         )
         for view in robots
     )

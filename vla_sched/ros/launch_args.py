@@ -13,6 +13,18 @@ value. Their boolean arguments have no ``choices``: launch compares choices exac
 its own boolean handling (``IfCondition``) takes true, false, 1 and 0 in any case, and so
 does ``check_launch_arguments`` (``use_sim_time:=True`` is what a ROS user types); another
 word is refused there before any process starts.
+
+``log_level`` sets the level of each started node's own logger, not rcl's: a node gets
+``--ros-args --log-level <its logger>:=<level>`` (``log_level_arguments``; a node's logger is
+named after its namespace and name, ``gpu0.vla_sched``, and the loggers under it follow it),
+so ``log_level:=debug`` shows the package's debug lines without rcl's and the middleware's
+thousands. The vla_sched node forwards its Python loggers (``vla_sched.*``) to its node
+logger at that level (``ros.ros_logging``).
+
+The launch files start the vla_sched node with ``MANAGED_FLAG`` on its command line (not a
+parameter): it then waits for its transitions, which the launch file drives, whatever its
+``autostart`` parameter says, so ``ros2 param dump`` of a launched node carries the
+parameter as given (true by default) and starts a node on its own that serves.
 """
 
 from __future__ import annotations
@@ -29,6 +41,7 @@ import yaml
 TRUE_WORDS = ('true', '1')  # what launch's IfCondition takes, in any case
 FALSE_WORDS = ('false', '0')
 LOG_LEVELS = ('debug', 'info', 'warn', 'error', 'fatal')  # --ros-args --log-level
+MANAGED_FLAG = '--managed'  # the node waits for its transitions (a launch file drives them)
 AGGREGATOR_PACKAGE = 'diagnostic_aggregator'
 EXECUTOR_NODE_NAME = 'vla_chunk_executor'
 _ROBOT_ID = re.compile(r'[A-Za-z][A-Za-z0-9_]*')
@@ -141,6 +154,19 @@ def sim_robots(args: LaunchArguments) -> list[RobotProcess]:
         arguments = ('--robot-id', robot_id, '--rate', rate, '--report-period', '5')
         robots.append(RobotProcess(robot_id, f'sim_{robot_id}', namespace, arguments))
     return robots
+
+
+def node_logger_name(namespace: str, name: str) -> str:
+    """The name of the logger of the node ``name`` in ``namespace``, as rcl names it: the
+    namespace's parts and the name, joined by dots (``/gpu0/robot_0``, ``sim_robot_0``:
+    ``gpu0.robot_0.sim_robot_0``)."""
+    return '.'.join([*(part for part in namespace.split('/') if part), name])
+
+
+def log_level_arguments(level: str, namespace: str, name: str) -> list[str]:
+    """The ``ros_arguments`` that set the node's own logger (and those under it) to
+    ``level``, leaving rcl's and the middleware's loggers at their default."""
+    return ['--log-level', f'{node_logger_name(namespace, name)}:={level}']
 
 
 def chunk_executors(args: LaunchArguments) -> list[RobotProcess]:

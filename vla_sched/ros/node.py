@@ -33,8 +33,13 @@ state and its engine's on /diagnostics. With the parameter ``autostart`` (defaul
 node configures and activates itself once it spins (a one-shot timer, as nav2's lifecycle
 servers do), so a node started on its own serves at once; a configure that fails there is a
 failed transition like any other: the node stays unconfigured and says why in its log and on
-/diagnostics. The launch files set it false and take the node through the transitions
-themselves.
+/diagnostics. The launch files start it with ``--managed`` on its command line (not a
+parameter, so a dump of its parameters starts a node on its own that serves): it then waits
+for its transitions, which they drive, whatever ``autostart`` says.
+
+``--ros-args --log-level <level>`` (or ``<node logger>:=<level>``, as the launch files give
+it) sets the node's logger, and ``main`` forwards the package's Python loggers to it at the
+same level (``ros_logging``).
 
     python -m vla_sched.ros.node --ros-args --params-file config/vla_sched.yaml
 """
@@ -54,6 +59,7 @@ from rclpy.exceptions import ParameterException
 from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
 from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
 from rclpy.signals import SignalHandlerOptions
+from rclpy.utilities import remove_ros_args
 
 from vla_sched.engine.checkpoints import ModelPathError, check_model_path
 from vla_sched.engine.client import EngineClient, EngineUnavailable
@@ -74,12 +80,15 @@ from vla_sched.ros.conversions import (
     joint_state_to_vector,
     stamp_to_ns,
 )
+from vla_sched.ros.diagnostic_keys import SIM_CLOCK, SIM_NO_CLOCK, SYSTEM_CLOCK
 from vla_sched.ros.engine_link import EngineLink, EngineView, engine_clock
+from vla_sched.ros.launch_args import MANAGED_FLAG
 from vla_sched.ros.model_input import model_image_sizes
 from vla_sched.ros.node_config import ConfigError, FrontendConfig
 from vla_sched.ros.outcomes import Outcomes
 from vla_sched.ros.robot_slot import Refusal, RobotSlot
 from vla_sched.ros.robot_topics import RobotTopics, quiet_publisher
+from vla_sched.ros.ros_logging import forward_python_logs, stop_forwarding
 from vla_sched.ros.shutdown import ShutdownRequest
 from vla_sched.ros.topic_check import PublisherCheck
 
@@ -130,10 +139,17 @@ def _transition(callback: Callable) -> Callable:
 class VlaSchedNode(LifecycleNode):
     """The frontend node (see the module docstring)."""
 
-    def __init__(self, *, client_factory=None, command_line: Sequence[str] = (), **kwargs) -> None:
+    def __init__(
+        self,
+        *,
+        client_factory=None,
+        command_line: Sequence[str] = (),
+        managed: bool = False,
+        **kwargs,
+    ) -> None:
         """Declare and read the parameters, subscribe every robot, and with ``autostart``
-        arm the one-shot timer that configures (starts the engine) and activates the node
-        once it spins.
+        (unless ``managed``) arm the one-shot timer that configures (starts the engine) and
+        activates the node once it spins.
 
         Args:
             client_factory: builds the engine client from the ``FrontendConfig`` (default:
@@ -141,6 +157,8 @@ class VlaSchedNode(LifecycleNode):
             command_line: the arguments given to ``rclpy.init``; a ``--params-file`` there
                 that gives this node no parameters is refused, and so is a value there that
                 names no parameter.
+            managed: something else drives its transitions (a launch file; ``--managed`` on
+                the command line): it waits for them, whatever ``autostart`` says.
             **kwargs: passed to ``rclpy.node.Node`` (e.g. ``parameter_overrides``).
 
         Raises:
@@ -153,7 +171,7 @@ class VlaSchedNode(LifecycleNode):
             command_line=[*command_line, *(kwargs.get('cli_args') or ())],
             overrides=kwargs.get('parameter_overrides') or (),
         )
-        autostart = self.get_parameter(parameters.AUTOSTART.name).value
+        autostart = self.get_parameter(parameters.AUTOSTART.name).value and not managed
         self.add_on_set_parameters_callback(
             parameters.runtime_validator(self.config, self._apply_runtime_param)
         )
@@ -201,6 +219,7 @@ class VlaSchedNode(LifecycleNode):
         self.link: EngineLink | None = None  # while configured (inactive or active)
         self._active = False  # steps are sent only while active
         self._configure_error = ''  # why the last configure failed
+        self._told_no_instruction: set[str] = set()  # robots whose wait was logged
         # A plain publisher: /diagnostics reports in every lifecycle state.
         self._diagnostics_pub = self.create_publisher(
             DiagnosticArray, '/diagnostics', 10, event_callbacks=quiet_publisher()
@@ -216,6 +235,8 @@ class VlaSchedNode(LifecycleNode):
         # use_sim_time, also while nothing publishes /clock (the engine would read a silent
         # frontend as lost).
         self._steady_clock = Clock(clock_type=ClockType.STEADY_TIME)
+        self._started_steady_ns = self._steady_ns()  # uptime is never counted in sim time
+        self._clock_warned = False  # the WARN that sim time is on and no /clock came
         self._diagnostics_due_ns = self._steady_ns() + diagnostics_ns
         self.create_timer(tick_s, self._tick, clock=self._steady_clock)
         self._autostart_timer = None
@@ -225,8 +246,9 @@ class VlaSchedNode(LifecycleNode):
                 0.0, self._autostart, clock=self._steady_clock
             )
         else:
+            driver = 'its launch file or ' if managed else ''
             self.get_logger().info(
-                f'unconfigured: waiting for configure (ros2 lifecycle set '
+                f'unconfigured: waiting for configure ({driver}ros2 lifecycle set '
                 f'{self.get_fully_qualified_name()} configure)'
             )
 
@@ -404,8 +426,10 @@ class VlaSchedNode(LifecycleNode):
 
     def _tick(self) -> None:
         """Every heartbeat period (or diagnostics period, if shorter): the pump's periodic
-        work, and /diagnostics when its period has come (within half a tick)."""
+        work, the sim clock's check, and /diagnostics when its period has come (within half a
+        tick)."""
         self._pump()
+        self._check_sim_clock()
         now = self._steady_ns()
         if now + self._tick_ns // 2 >= self._diagnostics_due_ns:
             self._diagnostics_due_ns += self._diagnostics_period_ns
@@ -439,7 +463,7 @@ class VlaSchedNode(LifecycleNode):
                 priority=slot.config.priority,
             )
             if isinstance(step, Refusal):
-                self.outcomes.publish_refusal(step)
+                self.outcomes.publish_refusal(step, expected=self._before_instruction(slot, step))
             elif not self._active:
                 self.outcomes.refuse(
                     slot, FailureReason.INACTIVE, self._inactive_detail(), step.stamp_ns, now
@@ -451,10 +475,27 @@ class VlaSchedNode(LifecycleNode):
                     f'engine {self.link.state if self.link is not None else "stopped"}',
                     step.stamp_ns,
                     now,
+                    # its first start is no fault (a restart after a crash is)
+                    expected=self.link is not None and self.link.num_restarts == 0,
                 )
             else:
                 self._send(slot, step, now)
         self._arm_due_timer(next_due_ns, now)
+
+    def _before_instruction(self, slot: RobotSlot, refusal: Refusal) -> bool:
+        """Whether ``refusal`` is of a robot that never had an instruction (its images came
+        first, as they may at start-up): no fault, said once at INFO (the refusals at
+        DEBUG), where a refused or cleared instruction stays a WARN."""
+        if refusal.reason is not FailureReason.INVALID_INSTRUCTION or slot.instruction_version:
+            return False
+        if slot.robot_id not in self._told_no_instruction:
+            self._told_no_instruction.add(slot.robot_id)
+            self.get_logger().info(
+                f'{slot.robot_id}: waiting for an instruction (vla/instruction or the '
+                f'parameter robots.{slot.robot_id}.instruction); its steps are refused until '
+                'one arrives'
+            )
+        return True
 
     def _expire_flight(self, slot: RobotSlot, now: int) -> int | None:
         """Give up the robot's step in flight if the engine has not answered it by its
@@ -507,6 +548,7 @@ class VlaSchedNode(LifecycleNode):
             detail = f'step could not be sent: {type(exc).__name__}: {exc}'
         else:
             slot.mark_sent(step)
+            self.get_logger().debug(f'{slot.robot_id}: step {step.step_seq} sent')
             return
         self.outcomes.refuse(slot, reason, detail, step.stamp_ns, now)
 
@@ -566,6 +608,36 @@ class VlaSchedNode(LifecycleNode):
                     f'{robot_id}: session close not sent: {type(exc).__name__}: {exc}'
                 )
 
+    def ros_clock(self) -> str:
+        """What the node's ROS time follows: ``system``, ``sim`` (``use_sim_time`` and
+        ``/clock`` came), ``sim_no_clock`` (``use_sim_time`` and no ``/clock`` yet: ROS time
+        stands at 0, so periodic steps, stamps and deadlines wait for it)."""
+        clock = self.get_clock()
+        if not clock.ros_time_is_active:
+            return SYSTEM_CLOCK
+        return SIM_CLOCK if clock.now().nanoseconds else SIM_NO_CLOCK
+
+    def uptime_s(self) -> float:
+        """Seconds since the node started, on the steady clock (also under sim time)."""
+        return (self._steady_ns() - self._started_steady_ns) / 1e9
+
+    def _check_sim_clock(self) -> None:
+        """Under use_sim_time, warn once when no /clock came ``NO_CLOCK_WARN_S`` after
+        start-up (also on /diagnostics), and say when it comes after all."""
+        clock = self.ros_clock()
+        if clock == SIM_NO_CLOCK and not self._clock_warned:
+            if self.uptime_s() >= diagnostics.NO_CLOCK_WARN_S:
+                self._clock_warned = True
+                self.get_logger().warning(
+                    f'sim time on, no /clock received in {self.uptime_s():.0f} s: ROS time '
+                    'stands at 0, so periodic steps wait and stamps and deadlines are wrong; '
+                    'publish /clock (a simulator, ros2 bag play --clock) or set '
+                    'use_sim_time false'
+                )
+        elif clock == SIM_CLOCK and self._clock_warned:
+            self._clock_warned = False
+            self.get_logger().info('/clock received: sim time runs')
+
     def _now_ns(self) -> int:
         return self.get_clock().now().nanoseconds
 
@@ -585,6 +657,8 @@ class VlaSchedNode(LifecycleNode):
             stamp=self.get_clock().now().to_msg(),
             node_name=self.get_fully_qualified_name(),
             lifecycle_state=self.lifecycle_state,
+            ros_clock=self.ros_clock(),
+            uptime_s=self.uptime_s(),
         )
         self._diagnostics_pub.publish(msg)
 
@@ -607,7 +681,8 @@ def _engine_client(config: FrontendConfig):
 
 def main(argv: list[str] | None = None) -> int:
     """Run the node until SIGINT or SIGTERM (0, however often signalled); 2 on a
-    configuration error. The engine is stopped and its runtime folder removed on the way out.
+    configuration error. ``--managed`` (before ``--ros-args``): wait for transitions. The
+    engine is stopped and its runtime folder removed on the way out.
     """
     argv = list(argv if argv is not None else sys.argv)
     with (
@@ -615,10 +690,11 @@ def main(argv: list[str] | None = None) -> int:
         rclpy.init(args=argv, signal_handler_options=SignalHandlerOptions.NO),
     ):
         try:
-            node = VlaSchedNode(command_line=argv)
+            node = VlaSchedNode(command_line=argv, managed=MANAGED_FLAG in remove_ros_args(argv))
         except (ValueError, TypeError, ParameterException) as exc:
             print(f'vla_sched: configuration error: {exc}', file=sys.stderr)
             return 2
+        forwarding = forward_python_logs(node.get_logger())
         executor = SingleThreadedExecutor()
         executor.add_node(node)
         try:
@@ -632,6 +708,7 @@ def main(argv: list[str] | None = None) -> int:
             pass  # the context was shut down from elsewhere: stop as on a signal
         finally:
             node.close()
+            stop_forwarding(forwarding)
             executor.shutdown()
             node.destroy_node()
     return 0

@@ -13,10 +13,11 @@ messages published on the robot's topics, and keeps the robot's slot in step wit
 - a refused input message (a bad joint_states, image or instruction: ``refuse_input``) is
   published at most once per robot and reason per robot period (``RefusalThrottle``; the
   next one says how many were held), never once per message; every one is counted;
-- every other refusal is published, and logged at most once a second (the check is made here:
-  rclpy's own throttle inspects the caller's frame on every call, even one it drops); those
-  of an inactive node (``INACTIVE``) are not logged, since the node logs its lifecycle
-  transitions.
+- every other refusal is published, and logged as a WARN at most once a second (the check is
+  made here: rclpy's own throttle inspects the caller's frame on every call, even one it
+  drops); those a normal start or pause makes (``expected``: the engine's first start, no
+  instruction yet, ``INACTIVE`` of a node that is not active, whose transitions the node
+  logs) are logged at DEBUG only, each one, so a normal start shows no WARN.
 """
 
 from __future__ import annotations
@@ -107,10 +108,19 @@ class Outcomes:
             self.publish_refusal(refusal)
 
     def refuse(
-        self, slot: RobotSlot, reason: FailureReason, detail: str, stamp_ns: int, now: int
+        self,
+        slot: RobotSlot,
+        reason: FailureReason,
+        detail: str,
+        stamp_ns: int,
+        now: int,
+        *,
+        expected: bool = False,
     ) -> None:
-        """Refuse an input stamped ``stamp_ns`` that never became a step."""
-        self.publish_refusal(slot.refuse(Refusal(slot.robot_id, 0, stamp_ns, reason, detail), now))
+        """Refuse an input stamped ``stamp_ns`` that never became a step (``expected``: a
+        refusal of a normal start, logged at DEBUG)."""
+        refusal = slot.refuse(Refusal(slot.robot_id, 0, stamp_ns, reason, detail), now)
+        self.publish_refusal(refusal, expected=expected)
 
     def refuse_input(
         self, slot: RobotSlot, reason: FailureReason, detail: str, stamp_ns: int, now: int
@@ -126,13 +136,19 @@ class Outcomes:
             refusal = dataclasses.replace(refusal, detail=refusal.detail + more)
         self.publish_refusal(refusal)
 
-    def publish_refusal(self, refusal: Refusal) -> None:
+    def publish_refusal(self, refusal: Refusal, *, expected: bool = False) -> None:
+        """Publish ``refusal`` on its robot's ``vla/step_rejected`` and log it: at DEBUG when
+        ``expected`` (or ``INACTIVE``), else as a WARN at most once a second."""
         self._topics[refusal.robot_id].rejected.publish(outputs.step_rejected(refusal))
-        now_s = time.monotonic()
-        if refusal.reason is FailureReason.INACTIVE or now_s < self._next_refusal_log_s:
-            return
-        self._next_refusal_log_s = now_s + REFUSAL_LOG_INTERVAL_S
-        self._logger.warning(
+        line = (
             f'{refusal.robot_id}: step {refusal.step_seq} refused: {refusal.reason.value}: '
             f'{refusal.detail[:MAX_LOGGED_DETAIL_CHARS]}'
         )
+        if expected or refusal.reason is FailureReason.INACTIVE:
+            self._logger.debug(line)
+            return
+        now_s = time.monotonic()
+        if now_s < self._next_refusal_log_s:
+            return
+        self._next_refusal_log_s = now_s + REFUSAL_LOG_INTERVAL_S
+        self._logger.warning(line)
