@@ -120,11 +120,14 @@ class FlowMatchingModel:
         dtype: torch.dtype,
         cuda_graphs: bool,
     ) -> BatchRunner:
-        """The ``FlowMatchingRunner`` on the folder's model (eager: no CUDA graphs yet)."""
+        """The ``FlowMatchingRunner`` on the folder's model (its prefix, denoising and tower
+        passes replayed as CUDA graphs with ``cuda_graphs`` on a GPU)."""
+        from vla_sched.model.families.pi0.passes import Pi0PassSizes
         from vla_sched.model.families.pi0.runner import FlowMatchingRunner
         from vla_sched.model.families.pi0.weights import load_pi0_model
 
         model = load_pi0_model(self.folder, self.spec, device=device, dtype=dtype)
+        graphs = cuda_graphs and device.type == 'cuda'
         return FlowMatchingRunner(
             model,
             req_to_token=req_to_token,
@@ -132,6 +135,8 @@ class FlowMatchingModel:
             num_steps=self.spec.num_inference_steps,
             chunk_size=self.spec.chunk_size,
             pixels_of=self.processor.pixels,
+            cuda_graphs=graphs,
+            pass_sizes=Pi0PassSizes.for_spec(self.spec) if graphs else None,
         )
 
     def one_step_baseline(self, *, device: torch.device, dtype: torch.dtype) -> OneStepBaseline:
