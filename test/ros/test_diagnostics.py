@@ -84,11 +84,16 @@ def _robot(**overrides) -> RobotView:
         image_rate_hz=10.0,
         rate_judged=True,
         stamp_to_publish_ms_p50=40.0,
+        stamp_to_publish_ms_p95=70.0,
         stamp_to_publish_ms_p99=80.0,
+        publish_jitter_ms_p99=4.5,
         num_chunks=100,
         num_deadline_misses=1,
         num_superseded=7,
         num_chunks_all_past=2,
+        num_all_past_window=0,
+        all_past_cause='',
+        placeholder_joint_names=(),
         num_refused_window=0,
         refused_by_reason={'deadline_missed': 1},
         last_error='',
@@ -293,6 +298,8 @@ def test_healthy_robot_is_ok_with_every_key_and_a_unique_hardware_id():
     assert values['image input rate over 5 s (Hz)'] == '10.00'
     assert values['time since last chunk (s)'] == '0.05'
     assert values[k.E2E_P50_KEY] == '40.0' and values[k.E2E_P99_KEY] == '80.0'
+    assert values[k.E2E_P95_KEY] == '70.0' and values[k.PUBLISH_JITTER_KEY] == '4.5'
+    assert values[k.all_past_window_key(5.0)] == '0'
     assert values['deadline misses'] == '1' and values['superseded observations'] == '7'
     assert values[k.STATE_AGE_KEY] == '0.02' and values[k.ALL_PAST_KEY] == '2'
     assert values['refused: stale_state'] == '0'
@@ -321,6 +328,45 @@ def test_a_robot_refused_for_a_stale_state_warns_with_the_cause_first():
 
 def test_a_robot_without_a_state_shows_no_state_age():
     assert dict(_rob(_robot(state_age_s=NAN)).values)[k.STATE_AGE_KEY] == 'n/a'
+
+
+def test_step_latency_and_publish_jitter_keys_say_their_ends_statistic_and_units():
+    assert ROBOT_KEYS.index(k.E2E_P50_KEY) + 1 == ROBOT_KEYS.index(k.E2E_P95_KEY)
+    assert ROBOT_KEYS.index(k.E2E_P95_KEY) + 1 == ROBOT_KEYS.index(k.E2E_P99_KEY)
+    assert k.E2E_P95_KEY == 'latency (image stamp to publish) p95 over last 256 chunks (ms)'
+    assert k.PUBLISH_JITTER_KEY == (
+        'chunk publish jitter (p99 of |interval between chunks - period_s|) over last 256 '
+        'chunks (ms)'
+    )
+    values = dict(_rob(_robot(publish_jitter_ms_p99=NAN)).values)
+    assert values[k.PUBLISH_JITTER_KEY] == 'n/a'  # fewer than two chunks
+
+
+def test_chunks_arriving_with_nothing_left_turn_the_robot_warn_with_the_cause():
+    view = _robot(
+        num_chunks_all_past=422,
+        num_all_past_window=50,
+        all_past_cause='latency 118.0 ms > horizon x dt 100 ms',
+    )
+    data = _rob(view)
+    assert data.level == d.WARN
+    assert data.message == (
+        'latency 118.0 ms > horizon x dt 100 ms: 50 chunks with no action left to execute in '
+        'the last 5 s'
+    )
+    values = dict(data.values)
+    assert values[k.ALL_PAST_KEY] == '422' and values[k.all_past_window_key(5.0)] == '50'
+    # the same total long ago, none in the window: OK again
+    assert _rob(_robot(num_chunks_all_past=422)).level == d.OK
+
+
+def test_placeholder_joint_names_sent_to_a_trajectory_controller_are_warn():
+    data = _rob(_robot(placeholder_joint_names=('a0', 'a1', 'a2')))
+    assert data.level == d.WARN
+    assert data.message == (
+        'joint names a0..a2 sent to a JointTrajectoryController are placeholders: set '
+        'robots.r1.action_joint_names to its joints'
+    )
 
 
 def test_silent_robot_is_error():

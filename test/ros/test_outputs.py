@@ -1,5 +1,6 @@
-"""The published messages: a chunk's arm commands hold only what is still to come, and are
-accepted by a JointTrajectoryController; every refusal reason has its StepRejected value."""
+"""The published messages: a chunk's arm commands hold only what is still to come, never an
+action due within the robot's minimum lead, and are accepted by a JointTrajectoryController at
+every latency; every refusal reason has its StepRejected value."""
 
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ def _chunk(robot: RobotConfig, actions: np.ndarray, names: tuple[str, ...]) -> A
     )
 
 
-def _arm(*, start: str = 'now', dt: float = 0.1) -> RobotConfig:
+def _arm(*, start: str = 'now', dt: float = 0.1, min_lead_s: float = 0.015) -> RobotConfig:
     return RobotConfig(
         'arm',
         action_space='joint_position',
@@ -48,6 +49,7 @@ def _arm(*, start: str = 'now', dt: float = 0.1) -> RobotConfig:
         publish_joint_trajectory=True,
         joint_trajectory_start=start,
         dt=dt,
+        min_lead_s=min_lead_s,
         frame_id='arm/base',
     )
 
@@ -56,7 +58,7 @@ def _rows(horizon: int, dof: int) -> np.ndarray:
     return np.arange(horizon * dof, dtype=np.float32).reshape(horizon, dof) / 10
 
 
-def _trajectory(horizon: int, elapsed_ns: int, **arm):
+def _trajectory(horizon: int, elapsed_ns: int, **arm) -> outputs.ArmCommands | None:
     robot = _arm(**arm)
     chunk = _chunk(robot, _rows(horizon, len(JOINTS)), JOINTS)
     return outputs.arm_commands(chunk, robot, published_ns=STAMP + elapsed_ns)
@@ -109,17 +111,73 @@ def test_a_chunk_whose_actions_are_all_past_yields_no_command():
     assert _trajectory(4, elapsed_ns=3 * S) is None
 
 
+def _latencies(horizon: int, lead_ns: int) -> list[int]:
+    """Every 0.5 ms up to the chunk's end and past it, and 1 ns either side of each action's
+    end and of each action's end less the lead."""
+    latencies = set(range(0, (horizon + 1) * 100 * MS, MS // 2))
+    ends = [k * 100 * MS for k in range(1, horizon + 1)]
+    latencies |= {end - d + e for end in ends for d in (0, lead_ns) for e in (-1, 0, 1)}
+    return sorted(t for t in latencies if t >= 0)
+
+
+@pytest.mark.parametrize('lead_s', [0.015, 0.04])
 @pytest.mark.parametrize('horizon', [1, 2, 8])
 @pytest.mark.parametrize('start', ['now', 'on_receipt'])
-def test_every_trajectory_sent_is_accepted_by_the_controller(horizon, start):
-    for elapsed_ns in range(0, horizon * 100 * MS, 7 * MS):
-        commands = _trajectory(horizon, elapsed_ns=elapsed_ns, start=start)
-        assert commands is not None, elapsed_ns
+def test_every_trajectory_is_accepted_at_every_latency_up_to_the_chunks_end(
+    horizon, start, lead_s
+):
+    lead_ns = round(lead_s * S)
+    end_ns = horizon * 100 * MS
+    sent = 0
+    for latency in _latencies(horizon, lead_ns):
+        commands = _trajectory(horizon, elapsed_ns=latency, start=start, min_lead_s=lead_s)
+        if end_ns - latency < lead_ns:  # even the last action is due within the lead
+            assert commands is None, latency
+            continue
+        sent += 1
         traj = commands.trajectory
-        assert controller_refusal(traj, received_ns=STAMP + elapsed_ns) is None, elapsed_ns
-        # and its last point is where the chunk ends: image stamp + horizon * dt
-        left_ns = horizon * 100 * MS - elapsed_ns
-        assert stamp_to_ns(traj.points[-1].time_from_start) == left_ns
+        # received at any time within the lead of its publication, the controller takes it
+        received = STAMP + latency + lead_ns - 1
+        assert controller_refusal(traj, received_ns=received) is None, latency
+        times = [stamp_to_ns(p.time_from_start) for p in traj.points]
+        assert min(times) >= lead_ns, latency
+        # an action due within the lead is dropped, not clamped: every point is reached at its
+        # own action's end, the last one where the chunk ends (image stamp + horizon * dt)
+        assert all((t + latency) % (100 * MS) == 0 for t in times), latency
+        assert times[-1] == end_ns - latency
+    assert sent > (end_ns - lead_ns) // (MS // 2)  # each latency that leaves a point sent one
+
+
+def test_the_controller_check_refuses_a_point_due_before_it_arrives():
+    """Without the lead (what the node sent before) a trajectory published 1 ms before its
+    only point is due is refused by a controller that receives it 3 ms later."""
+    traj = _trajectory(1, elapsed_ns=99 * MS, min_lead_s=0.0).trajectory
+    assert [stamp_to_ns(p.time_from_start) for p in traj.points] == [1 * MS]
+    received = STAMP + 102 * MS
+    assert controller_refusal(traj, received_ns=received) == (
+        'non-zero start time that ends in the past'
+    )
+    assert _trajectory(1, elapsed_ns=99 * MS) is None  # with the default lead: not sent
+
+
+def test_an_action_due_within_the_lead_is_dropped_and_the_next_one_sent_at_its_own_time():
+    traj = _trajectory(4, elapsed_ns=90 * MS).trajectory  # action 0 due in 10 ms < 15 ms
+    assert [stamp_to_ns(p.time_from_start) for p in traj.points] == [110 * MS, 210 * MS, 310 * MS]
+    np.testing.assert_allclose(traj.points[0].positions, _rows(4, 3)[1], rtol=0, atol=1e-6)
+    at_lead = _trajectory(4, elapsed_ns=85 * MS).trajectory  # due in exactly 15 ms: kept
+    assert stamp_to_ns(at_lead.points[0].time_from_start) == 15 * MS
+
+
+@pytest.mark.parametrize(
+    ('latency_ns', 'cause'),
+    [
+        (118 * MS, 'latency 118.0 ms > horizon x dt 100 ms'),
+        (90 * MS, 'latency 90.0 ms + min_lead_s 15 ms > horizon x dt 100 ms'),
+    ],
+)
+def test_a_chunk_with_nothing_left_says_why_in_words(latency_ns, cause):
+    assert _trajectory(1, elapsed_ns=latency_ns) is None
+    assert outputs.nothing_left(_arm(), horizon=1, latency_ns=latency_ns) == cause
 
 
 def test_the_controller_check_refuses_what_the_old_output_sent():

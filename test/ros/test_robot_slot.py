@@ -311,6 +311,49 @@ def test_view_reports_rate_latency_and_silence_over_the_window():
     assert later.silent_s == pytest.approx(3.1)
 
 
+def test_step_latency_percentiles_and_publish_jitter_are_reported_per_robot():
+    slot = _slot(trigger='on_image', period_s=0.1)
+    # published 0, 100, 230 and 310 ms after the first: intervals 100, 130, 80 ms against a
+    # period of 100 ms, so |interval - period| is 0, 30 and 20 ms
+    for k, published in enumerate((1000, 1100, 1230, 1310)):
+        stamp = published * MS - (40 + 20 * k) * MS  # latencies 40, 60, 80, 100 ms
+        slot.offer_image(_obs(stamp))
+        slot.finish(_result(_send(slot, stamp)), published * MS)
+    view = slot.view(1310 * MS)
+    assert view.stamp_to_publish_ms_p50 == pytest.approx(70.0)
+    assert view.stamp_to_publish_ms_p95 == pytest.approx(97.0)
+    assert view.stamp_to_publish_ms_p99 == pytest.approx(99.4)
+    assert view.publish_jitter_ms_p99 == pytest.approx(29.8)
+    assert math.isnan(_slot().view(0).publish_jitter_ms_p99)  # no two chunks yet
+
+
+def test_chunks_with_no_action_left_are_counted_with_their_cause_for_a_window():
+    slot = _slot()
+    assert slot.view(0).num_all_past_window == 0 and slot.view(0).all_past_cause == ''
+    slot.count_all_past(100 * MS, 'latency 118.0 ms > horizon x dt 100 ms')
+    slot.count_all_past(200 * MS, 'latency 121.0 ms > horizon x dt 100 ms')
+    view = slot.view(300 * MS)
+    assert view.num_chunks_all_past == 2 and view.num_all_past_window == 2
+    assert view.all_past_cause == 'latency 121.0 ms > horizon x dt 100 ms'  # the last one
+    later = slot.view(1200 * MS + 1)  # a window (1 s) after the last one
+    assert later.num_chunks_all_past == 2 and later.num_all_past_window == 0
+    assert later.all_past_cause == ''
+
+
+@pytest.mark.parametrize(
+    ('names', 'placeholders'),
+    [(('a0', 'a1', 'a2'), ('a0', 'a1', 'a2')), (('shoulder', 'elbow', 'a2'), ())],
+)
+def test_a_trajectory_with_placeholder_joint_names_is_reported(names, placeholders):
+    slot = _slot(
+        action_space='joint_position', action_joint_names=names, publish_joint_trajectory=True
+    )
+    assert slot.view(0).placeholder_joint_names == placeholders
+    # the same names without a trajectory go to no controller
+    no_trajectory = _slot(action_space='joint_position', action_joint_names=names)
+    assert no_trajectory.view(0).placeholder_joint_names == ()
+
+
 def test_silence_counts_from_start_up_when_no_image_ever_came():
     view = _slot().view(4 * S)
     assert not view.seen_image and view.silent_s == pytest.approx(4.0)

@@ -51,7 +51,12 @@ NEXT_RESTART_KEY = 'next engine restart in (s)'
 BAD_FRAMES_FROM_ENGINE_KEY = 'bad frames from the engine'
 BAD_FRAMES_FROM_NODE_KEY = 'bad frames from the node'
 E2E_P50_KEY = f'latency (image stamp to publish) p50 over last {LATENCY_WINDOW_CHUNKS} chunks (ms)'
+E2E_P95_KEY = E2E_P50_KEY.replace(' p50 ', ' p95 ')
 E2E_P99_KEY = E2E_P50_KEY.replace(' p50 ', ' p99 ')
+PUBLISH_JITTER_KEY = (
+    'chunk publish jitter (p99 of |interval between chunks - period_s|) over last '
+    f'{LATENCY_WINDOW_CHUNKS} chunks (ms)'
+)
 STATE_AGE_KEY = 'joint state age (s)'
 ALL_PAST_KEY = 'chunks with no action left to execute'
 
@@ -117,17 +122,25 @@ def robot_keys(window_s: float) -> tuple[str, ...]:
         'time since last image (s)',
         STATE_AGE_KEY,
         E2E_P50_KEY,
+        E2E_P95_KEY,
         E2E_P99_KEY,
+        PUBLISH_JITTER_KEY,
         'chunks published',
         'deadline misses',
         'superseded observations',
         ALL_PAST_KEY,
+        all_past_window_key(window_s),
         *(f'refused: {reason}' for reason in REASONS),
         f'refused in last {window}',
         'last error',
         'time since last error (s)',
         *ENGINE_ROBOT_KEYS,
     )
+
+
+def all_past_window_key(window_s: float) -> str:
+    """The key of a robot's chunks with no action left to execute in the last ``window_s``."""
+    return f'{ALL_PAST_KEY} in last {window_text(window_s)}'
 
 
 def scheduler_status_name(node_name: str) -> str:

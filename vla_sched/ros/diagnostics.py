@@ -11,7 +11,8 @@ Values, as rqt shows them: one number or one word per key, units and windows in 
 to ``MAX_VALUE_CHARS``. Counts by reason get a key per reason (``aborts: deadline_missed``).
 Latency keys name their two ends: the scheduler's engine step latency runs from a step's
 arrival in the engine to its finish there; a robot's from its image's stamp to the chunk's
-publication by the node. A robot's engine numbers come from the latest ``EngineStats``.
+publication by the node. A robot's publish jitter is the p99 of ``|interval between two of its
+chunks' publications - period_s|``. A robot's engine numbers come from the latest ``EngineStats``.
 
 Refused frames are counted both ways: ``bad frames from the engine`` by the node over
 its life, ``bad frames from the node`` by the running engine (from its ``EngineStats``).
@@ -30,9 +31,13 @@ engine's retract window, or when more than ``queue_warn_threshold`` steps wait; 
 otherwise. Robot: STALE until its first image ("waiting for first image", with the node's
 uptime on the steady clock, which runs also while sim time stands still); ERROR when no
 image came for ``silent_robot_s``; WARN while the node is not active ("not served"), when a
-step of it was refused in the last window or its action rate is below ``rate_warn_fraction``
-of its target (the message says whether its camera is too slow, the engine is not answering
-(its steps timed out) or the node is too slow); OK otherwise. Messages put the cause first.
+step of it was refused in the last window, when a chunk of it was published with no action
+left to execute in the last window (the message says why: ``latency 118.0 ms > horizon x dt
+100 ms``, or the latency plus ``min_lead_s``), when its ``vla/joint_trajectory`` carries the
+placeholder joint names ``a0``, ``a1``, ..., or when its action rate is below
+``rate_warn_fraction`` of its target (the message says whether its camera is too slow, the
+engine is not answering (its steps timed out) or the node is too slow); OK otherwise.
+Messages put the cause first.
 """
 
 from __future__ import annotations
@@ -298,11 +303,14 @@ def robot_data(
         _num(view.silent_s, 2) if view.seen_image else NO_DATA,
         _num(view.state_age_s, 2),
         _num(view.stamp_to_publish_ms_p50),
+        _num(view.stamp_to_publish_ms_p95),
         _num(view.stamp_to_publish_ms_p99),
+        _num(view.publish_jitter_ms_p99),
         str(view.num_chunks),
         str(view.num_deadline_misses),
         str(view.num_superseded),
         str(view.num_chunks_all_past),
+        str(view.num_all_past_window),
         *(v for _, v in _by_reason('refused', view.refused_by_reason)),
         str(view.num_refused_window),
         _text(view.last_error),
@@ -350,6 +358,17 @@ def _robot_level(
     if view.num_refused_window > 0:
         problems.append(
             f'{_cause(view.last_error)} ({view.num_refused_window} refused in the last {window})'
+        )
+    if view.num_all_past_window > 0:
+        problems.append(
+            f'{_cause(view.all_past_cause)}: {view.num_all_past_window} chunks with no action '
+            f'left to execute in the last {window}'
+        )
+    names = view.placeholder_joint_names
+    if names:
+        problems.append(
+            f'joint names {names[0]}..{names[-1]} sent to a JointTrajectoryController are '
+            f'placeholders: set robots.{view.robot_id}.action_joint_names to its joints'
         )
     floor_hz = cfg.rate_warn_fraction * view.target_rate_hz
     if view.rate_judged and view.action_rate_hz < floor_hz:

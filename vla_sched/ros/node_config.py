@@ -28,6 +28,7 @@ TRAJECTORY_STARTS = ('now', 'on_receipt')
 EE_DELTA_NAMES = ('x', 'y', 'z', 'roll', 'pitch', 'yaw', 'gripper')
 NUM_TWIST_COLUMNS = 6  # x y z roll pitch yaw: the columns an ee_delta twist is made of
 GRIPPER_COLUMN = 6  # the gripper's column of a 7-value ee_delta action
+PLACEHOLDER_ACTION_NAME = re.compile(r'a\d+')  # the names action_names makes: a0, a1, ...
 _ROBOT_ID = re.compile(r'[A-Za-z][A-Za-z0-9_]*')
 _NAMESPACE = re.compile(r'/?[A-Za-z][A-Za-z0-9_]*(/[A-Za-z][A-Za-z0-9_]*)*')
 _RELATIVE_TOPIC = re.compile(r'[A-Za-z][A-Za-z0-9_]*(/[A-Za-z][A-Za-z0-9_]*)*')
@@ -57,7 +58,8 @@ class RobotConfig:
 
     The outputs beside ``vla/action_chunk`` (``publish_joint_trajectory``,
     ``publish_twist``, ``publish_gripper``) carry only what is still to come when the chunk is
-    published; their timing is in ``outputs``. A step whose joint state is older than
+    published, never an action reached less than ``min_lead_s`` after the publication; their
+    timing is in ``outputs``. A step whose joint state is older than
     ``max_state_age_s``, or stamped further than ``max_state_image_skew_s`` from its image, is
     refused (0 turns either check off).
 
@@ -125,6 +127,14 @@ class RobotConfig:
         False,
         "also publish vla/gripper, the current action's gripper value as a Float64 "
         '(needs action_space ee_delta)',
+    )
+    min_lead_s: float = setting(
+        0.015,
+        'no arm command holds an action reached less than this after its publication (s): '
+        'transport to the controller and one controller period; a closer action is dropped '
+        'and the next one sent, not clamped',
+        min_value=0.0,
+        max_value=1.0,
     )
     max_state_age_s: float = setting(
         0.5,
@@ -244,6 +254,18 @@ class RobotConfig:
         if self.action_space == 'ee_delta' and action_dim == len(EE_DELTA_NAMES):
             return EE_DELTA_NAMES
         return tuple(f'a{j}' for j in range(action_dim))
+
+    @property
+    def trajectory_names_are_placeholders(self) -> bool:
+        """Whether ``vla/joint_trajectory`` is on with joint names ``a0``, ``a1``, ... (the
+        names a checkpoint's action columns get without ``action_joint_names``), which no
+        JointTrajectoryController's joints are called."""
+        names = self.action_joint_names
+        return (
+            self.publish_joint_trajectory
+            and bool(names)
+            and all(PLACEHOLDER_ACTION_NAME.fullmatch(n) for n in names)
+        )
 
 
 @dataclass(frozen=True, slots=True)

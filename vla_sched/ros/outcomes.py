@@ -5,7 +5,9 @@ messages published on the robot's topics, and keeps the robot's slot in step wit
 
 - a result is published only for the robot's step in flight (anything else is stale);
 - its chunk is published whole; the arm's commands (trajectory, twist, gripper) hold only
-  the actions not yet past, and none is sent when every action is past (counted);
+  the actions reached ``min_lead_s`` or more after the publication, and none is sent when no
+  action is (counted with its cause, for every robot: such a chunk has nothing left to
+  execute, whatever plays it);
 - a late result is refused (``DEADLINE_MISSED``) under ``late_policy: drop``, else published
   marked late;
 - a result that cannot become a chunk (actions of the wrong shape, non-finite, action names
@@ -82,12 +84,12 @@ class Outcomes:
             return
         topics = self._topics[slot.robot_id]
         topics.chunks.publish(chunk)
-        if topics.drives_arm:
-            commands = outputs.arm_commands(chunk, slot.config, published_ns=now)
-            if commands is None:
-                slot.count_all_past()
-            else:
-                topics.publish_arm(commands)
+        if outputs.first_action_to_send(chunk, slot.config, published_ns=now) == chunk.horizon:
+            latency_ns = now - result.stamp_ns
+            cause = outputs.nothing_left(slot.config, horizon=chunk.horizon, latency_ns=latency_ns)
+            slot.count_all_past(now, cause)
+        elif topics.drives_arm:
+            topics.publish_arm(outputs.arm_commands(chunk, slot.config, published_ns=now))
         slot.finish(result, now, late=late)
 
     def failure(self, failure: StepFailure, now: int) -> None:

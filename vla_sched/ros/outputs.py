@@ -2,11 +2,16 @@
 
 An ActionChunk holds every action of a step. The arm's commands (``arm_commands``) hold only
 what is still to come when the chunk is published: action k of a chunk whose image is
-stamped ``t`` applies over ``[t + k * dt, t + (k + 1) * dt)``, so it is past once
-``t + (k + 1) * dt`` is, and the first action not past is the current one.
+stamped ``t`` applies over ``[t + k * dt, t + (k + 1) * dt)`` and is reached at its end,
+``t + (k + 1) * dt``. No command holds an action reached less than the robot's
+``min_lead_s`` after the publication (transport to the controller and one controller
+period): such an action is dropped, not clamped, and the first action reached at least that
+late is the current one (``first_action_to_send``). A point due on arrival would end before
+the controller takes it; clamping it to the lead would reach the position later than the
+chunk says.
 
-- JointTrajectory (for ros2_controllers' JointTrajectoryController): one point per action not
-  yet past, action k's positions reached at ``t + (k + 1) * dt``. The controller refuses a
+- JointTrajectory (for ros2_controllers' JointTrajectoryController): one point per action to
+  send, action k's positions reached at ``t + (k + 1) * dt``. The controller refuses a
   trajectory with a non-zero ``header.stamp`` that ends in the past, and takes
   ``time_from_start`` from ``header.stamp`` (zero: from its receipt). ``joint_trajectory_start``
   ``now`` stamps it with the publication time and shifts the points by the time already
@@ -18,7 +23,7 @@ stamped ``t`` applies over ``[t + k * dt, t + (k + 1) * dt)``, so it is past onc
 - Float64: the current action's gripper value (column 7 of an ee_delta action), as the
   checkpoint's dataset defines it.
 
-A chunk whose actions are all past yields no command at all.
+A chunk with no action left to send yields no command at all (``nothing_left`` says why).
 """
 
 from __future__ import annotations
@@ -116,22 +121,51 @@ class ArmCommands:
 def first_action_not_past(horizon: int, *, dt_ns: int, elapsed_ns: int) -> int:
     """Index of the first action of a chunk that is not past ``elapsed_ns`` after its image
     stamp (action k ends at ``(k + 1) * dt_ns``); ``horizon`` when all are past."""
-    if elapsed_ns < 0:
-        return 0
-    return min(horizon, elapsed_ns // dt_ns)
+    return first_action_with_lead(horizon, dt_ns=dt_ns, elapsed_ns=elapsed_ns, min_lead_ns=0)
+
+
+def first_action_with_lead(horizon: int, *, dt_ns: int, elapsed_ns: int, min_lead_ns: int) -> int:
+    """Index of the first action of a chunk reached at least ``min_lead_ns`` after
+    ``elapsed_ns`` from its image stamp (action k at ``(k + 1) * dt_ns``; with no lead, the
+    first one not past); ``horizon`` when there is none."""
+    lead_ns = max(1, min_lead_ns)  # reached at the publication itself is past
+    # the smallest k with (k + 1) * dt_ns >= elapsed_ns + lead_ns
+    first = -(-(elapsed_ns + lead_ns) // dt_ns) - 1
+    return min(horizon, max(0, first))
+
+
+def first_action_to_send(chunk: ActionChunk, robot: RobotConfig, *, published_ns: int) -> int:
+    """The first action of ``chunk`` the arm's commands hold when it is published at
+    ``published_ns`` (``robot.min_lead_s`` after it or later); ``chunk.horizon``: none."""
+    return first_action_with_lead(
+        chunk.horizon,
+        dt_ns=round(robot.dt * 1e9),
+        elapsed_ns=published_ns - stamp_to_ns(chunk.header.stamp),
+        min_lead_ns=round(robot.min_lead_s * 1e9),
+    )
+
+
+def nothing_left(robot: RobotConfig, *, horizon: int, latency_ns: int) -> str:
+    """Why a chunk of ``horizon`` actions published ``latency_ns`` after its image stamp has
+    no action left to send, in words (``'latency 118.0 ms > horizon x dt 100 ms'``)."""
+    latency_ms = latency_ns / 1e6
+    span = f'horizon x dt {horizon * robot.dt * 1e3:g} ms'
+    if latency_ms >= horizon * robot.dt * 1e3:
+        return f'latency {latency_ms:.1f} ms > {span}'
+    return f'latency {latency_ms:.1f} ms + min_lead_s {robot.min_lead_s * 1e3:g} ms > {span}'
 
 
 def arm_commands(
     chunk: ActionChunk, robot: RobotConfig, *, published_ns: int
 ) -> ArmCommands | None:
     """The arm's commands of ``chunk`` published at ``published_ns`` (see the module
-    docstring), or None when every action is past.
+    docstring), or None when no action is left to send.
 
     ``robot.dt`` is used rather than the chunk's float32 ``dt``.
     """
     dt_ns = round(robot.dt * 1e9)
     elapsed_ns = published_ns - stamp_to_ns(chunk.header.stamp)
-    first = first_action_not_past(chunk.horizon, dt_ns=dt_ns, elapsed_ns=elapsed_ns)
+    first = first_action_to_send(chunk, robot, published_ns=published_ns)
     if first == chunk.horizon:
         return None
     rows = np.frombuffer(chunk.actions, dtype=np.float32).reshape(chunk.horizon, chunk.dof)

@@ -25,9 +25,13 @@ The rules a robot relies on live here, free of ROS so they can be tested with a 
   ``max_state_image_skew_s`` from the image) is refused, never sent with that state;
 - a result is accepted only for the step in flight, so nothing stale is ever published.
 
-Health over the last ``window_s``: action and image input rates, refusals, and the last error,
-which is shown until a whole window passes without a refusal. ``engine_back`` forgets what a
-lost engine caused (its refusals, and the rate judged over its downtime).
+Health over the last ``window_s``: action and image input rates, refusals, chunks published
+with no action left to send (``count_all_past``, with the cause), and the last error, which is
+shown until a whole window passes without a refusal. Timing over the last
+``LATENCY_WINDOW_CHUNKS`` chunks: image stamp to publish latency percentiles, and the jitter
+of the chunks' publication, ``|interval between two chunks - period_s|`` (its p99).
+``engine_back`` forgets what a lost engine caused (its refusals, and the rate judged over its
+downtime).
 """
 
 from __future__ import annotations
@@ -139,11 +143,16 @@ class RobotView:
     image_rate_hz: float  # camera images received
     rate_judged: bool  # false until the robot has been active for a whole window
     stamp_to_publish_ms_p50: float  # image stamp to the chunk's publication
+    stamp_to_publish_ms_p95: float
     stamp_to_publish_ms_p99: float
+    publish_jitter_ms_p99: float  # p99 of |interval between two chunks - period|; NaN: none
     num_chunks: int
     num_deadline_misses: int
     num_superseded: int
-    num_chunks_all_past: int  # chunks published with no action left for the arm's outputs
+    num_chunks_all_past: int  # chunks published with no action left to send
+    num_all_past_window: int  # of them, in the last window
+    all_past_cause: str  # why the last of them had none ('latency 118.0 ms > ...'); '' none
+    placeholder_joint_names: tuple[str, ...]  # a trajectory's names a0, a1, ...; () if not
     num_refused_window: int
     refused_by_reason: dict[str, int]
     last_error: str  # '' when no refusal came in the last window
@@ -186,6 +195,7 @@ class RobotSlot:
         self.num_deadline_misses = 0
         self.num_superseded = 0
         self.num_chunks_all_past = 0
+        self.all_past_cause = ''
         self.refused_by_reason: Counter[str] = Counter()
         self.last_error = ''
         self.last_error_reason: FailureReason | None = None
@@ -193,10 +203,12 @@ class RobotSlot:
         self.last_chunk_ns: int | None = None
         self.previous_chunk: PublishedChunk | None = None  # the last one, under rtc
         self.stamp_to_publish = MsLatencyWindow(LATENCY_WINDOW_CHUNKS)
+        self.publish_jitter = MsLatencyWindow(LATENCY_WINDOW_CHUNKS)
         self.window_s = float(window_s)
         window_ns = round(window_s * NS_PER_S)
         self._chunk_times = EventWindow(window_ns)
         self._image_times = EventWindow(window_ns)
+        self._all_past_times = EventWindow(window_ns)
         self._refusal_times: dict[FailureReason, EventWindow] = {
             reason: EventWindow(window_ns) for reason in FailureReason
         }
@@ -414,16 +426,21 @@ class RobotSlot:
         if late or result.late:
             self.num_deadline_misses += 1
         self.stamp_to_publish.add((now_ns - result.stamp_ns) / 1e6)
+        if self.last_chunk_ns is not None:
+            self.publish_jitter.add(abs(now_ns - self.last_chunk_ns - self.period_ns) / 1e6)
         if self.config.rtc:
             self.previous_chunk = PublishedChunk(result.stamp_ns, result.actions)
         self._chunk_times.add(now_ns)
         self.last_chunk_ns = now_ns
         return True
 
-    def count_all_past(self) -> None:
-        """A chunk was published with no action left for the arm's outputs (its trajectory,
-        twist and gripper were not sent)."""
+    def count_all_past(self, now_ns: int, cause: str) -> None:
+        """A chunk was published at ``now_ns`` with no action left to send (none reached
+        ``min_lead_s`` or more after it: no trajectory, twist or gripper went out), because of
+        ``cause`` (``outputs.nothing_left``)."""
         self.num_chunks_all_past += 1
+        self.all_past_cause = cause
+        self._all_past_times.add(now_ns)
 
     def fail(self, failure: StepFailure, now_ns: int) -> Refusal | None:
         """The engine ended the step in flight without actions; None if it is not ours."""
@@ -492,6 +509,7 @@ class RobotSlot:
         error_ns = self.last_error_ns
         recent_error = error_ns is not None and now_ns - error_ns < window_ns
         chunk_ns = self.last_chunk_ns
+        num_all_past_window = self._all_past_times.count(now_ns)
         state_age_s = float('nan')
         if self.config.state_joint_names and self.state is not None and self.state_stamp_ns:
             state_age_s = (now_ns - self.state_stamp_ns) / 1e9
@@ -503,11 +521,20 @@ class RobotSlot:
             image_rate_hz=self._image_times.rate_hz(now_ns, since_ns=self.first_image_ns),
             rate_judged=judged,
             stamp_to_publish_ms_p50=self.stamp_to_publish.percentile(50),
+            stamp_to_publish_ms_p95=self.stamp_to_publish.percentile(95),
             stamp_to_publish_ms_p99=self.stamp_to_publish.percentile(99),
+            publish_jitter_ms_p99=self.publish_jitter.percentile(99),
             num_chunks=self.num_chunks,
             num_deadline_misses=self.num_deadline_misses,
             num_superseded=self.num_superseded,
             num_chunks_all_past=self.num_chunks_all_past,
+            num_all_past_window=num_all_past_window,
+            all_past_cause=self.all_past_cause if num_all_past_window else '',
+            placeholder_joint_names=(
+                self.config.action_joint_names
+                if self.config.trajectory_names_are_placeholders
+                else ()
+            ),
             num_refused_window=sum(w.count(now_ns) for w in self._refusal_times.values()),
             refused_by_reason=dict(self.refused_by_reason),
             last_error=self.last_error if recent_error else '',
