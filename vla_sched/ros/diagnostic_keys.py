@@ -7,7 +7,8 @@ and ``<node>/<id>`` for a robot. ``config/diagnostics_analyzers.yaml`` matches t
 
 Keys, in the order rqt shows them: units and windows in the key (``action rate over 5 s
 (Hz)``), one key per reason for counts by reason (``aborts: deadline_missed``); latency keys
-name their two ends. The scheduler's first key is the node's lifecycle state
+name their two ends, and a jitter key its statistic (``p99 of |interval between chunks -
+period_s|``). The scheduler's first key is the node's lifecycle state
 (``unconfigured``, ``inactive``, ``active`` or ``finalized``), then the clock the node's ROS
 time follows (``ros clock``: ``system``, ``sim`` once ``/clock`` runs under ``use_sim_time``,
 ``sim_no_clock`` while no ``/clock`` came) and the node's uptime on the steady clock; its
