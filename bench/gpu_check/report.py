@@ -15,7 +15,9 @@ from bench.gpu_check.json_files import json_text, write_whole
 from bench.gpu_check.parts import PART_NAMES, part_module
 from bench.lib.tables import cell, markdown_table
 
-SECTION_PARTS = ('kernels', 'model', 'profile', 'engine_core', 'serving', 'oft', 'scheduler')
+SECTION_PARTS = (
+    'kernels', 'model', 'profile', 'engine_core', 'serving', 'oft', 'scheduler', 'pi0',
+)  # fmt: skip
 ENDED = {'timed out': 'ran out of time', 'failed': 'failed'}
 
 

@@ -23,7 +23,7 @@ from bench.lib.capacity import CapacityCriteria, CapacityMeasure
 ROOT = Path(__file__).resolve().parents[2]
 PARTS = (
     'environment', 'kernels', 'checkpoint', 'model', 'profile', 'engine_core', 'serving',
-    'oft', 'scheduler',
+    'oft', 'scheduler', 'pi0',
 )  # fmt: skip
 
 
