@@ -12,7 +12,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-SUPPORTED_TEXT_MODELS = ('llama', 'qwen2', 'gemma')
+# Text models a Hugging Face config.json may name (LLaVA layout, text-only folders).
+SUPPORTED_TEXT_MODELS = ('llama', 'qwen2')
+# Decoders the paged decoder runs: those, and Gemma as a family assembles it (pi0's
+# PaliGemma and action expert: the norms' 1 + w and the embedding scale are the family's).
+DECODER_MODEL_TYPES = (*SUPPORTED_TEXT_MODELS, 'gemma')
 # The gated MLP's activations: SwiGLU's SiLU, Gemma's tanh-approximated GELU.
 HIDDEN_ACTIVATIONS = ('silu', 'gelu_pytorch_tanh')
 SUPPORTED_VISION_MODELS = ('siglip_vision_model', 'clip_vision_model')
@@ -70,13 +74,12 @@ class DecoderSpec:
     def __post_init__(self) -> None:
         if self.hidden_act not in HIDDEN_ACTIVATIONS:
             raise UnsupportedArchitectureError(
-                f'hidden_act {self.hidden_act!r} is not supported; use one of '
-                f'{HIDDEN_ACTIVATIONS}'
+                f'hidden_act {self.hidden_act!r} is not supported; use one of {HIDDEN_ACTIVATIONS}'
             )
-        if self.model_type not in SUPPORTED_TEXT_MODELS:
+        if self.model_type not in DECODER_MODEL_TYPES:
             raise UnsupportedArchitectureError(
                 f'text model_type {self.model_type!r} is not supported; '
-                f'use one of {SUPPORTED_TEXT_MODELS}'
+                f'use one of {DECODER_MODEL_TYPES}'
             )
         for name in (
             'vocab_size',

@@ -65,11 +65,14 @@ class RtcSettings:
             schedule=str(settings.get('rtc_mask_schedule', 'linear')),
         )
 
-    def guidance(self, target: np.ndarray, *, delay: int) -> FlowGuidance:
-        """The guidance of a chunk towards ``target`` (normalized ``[chunk, width]``, rows
-        past the previous chunk's end zero), ``delay`` actions frozen."""
+    def guidance(self, target: np.ndarray, *, num_rows: int, delay: int) -> FlowGuidance:
+        """The guidance of a chunk towards ``target`` (normalized ``[chunk, width]`` whose
+        first ``num_rows`` rows are the previous chunk's remaining actions, the rest zero),
+        ``delay`` actions frozen. The mask ends by the previous chunk's end: its zero rows
+        are no target (the paper's mask ends at H - s, LeRobot caps its horizon at the
+        leftover's length), and neither the frozen part nor the ramp reaches them."""
         chunk = target.shape[0]
-        horizon = min(self.execution_horizon, chunk)
+        horizon = min(self.execution_horizon, chunk, num_rows)
         weights = soft_mask(
             chunk, delay=min(delay, horizon), horizon=horizon, schedule=self.schedule
         )

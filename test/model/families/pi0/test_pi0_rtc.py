@@ -16,7 +16,7 @@ from pi0_serving import reference_inputs, robot_steps, served_chunks
 
 from vla_sched.core.forward_batch import FlowGuidance
 from vla_sched.model.families.pi0.checkpoint import read_pi0_spec
-from vla_sched.model.runner.flow_guidance import soft_mask
+from vla_sched.model.runner.flow_guidance import RtcSettings, soft_mask
 from vla_sched.testing.pi0_writer import write_pi0_checkpoint
 
 TOLERANCE = 1e-4
@@ -140,3 +140,13 @@ def test_a_mask_outside_its_bounds_is_refused():
         soft_mask(8, delay=5, horizon=4)
     with pytest.raises(ValueError, match='unknown mask schedule'):
         soft_mask(8, delay=1, horizon=4, schedule='cosine')
+
+
+def test_the_mask_ends_with_the_previous_chunk_so_its_zero_padding_is_no_target():
+    settings = RtcSettings(execution_horizon=8, max_guidance=BETA, schedule='linear')
+    target = np.zeros((10, 4), np.float32)
+    target[:2] = 1.0
+    guidance = settings.guidance(target, num_rows=2, delay=5)
+    np.testing.assert_array_equal(guidance.weights, [1, 1, 0, 0, 0, 0, 0, 0, 0, 0])
+    longer = settings.guidance(target, num_rows=10, delay=1)
+    assert longer.weights[7] > 0 and not longer.weights[8:].any()

@@ -94,7 +94,9 @@ class Pi0StepTranslator:
         target = np.zeros((spec.chunk_size, spec.max_action_dim), np.float32)
         rows = self.processor.normalize_actions(previous[: spec.chunk_size])
         target[: rows.shape[0]] = rows
-        return self.rtc.guidance(target, delay=int(request.inference_delay))
+        return self.rtc.guidance(
+            target, num_rows=rows.shape[0], delay=int(request.inference_delay)
+        )
 
     def translate(self, request: StepFields) -> TranslatedStep:
         spec = self.spec

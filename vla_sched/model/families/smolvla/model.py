@@ -145,7 +145,7 @@ class CrossReads:
         self.backend = backend
 
 
-class ExpertLayer(nn.Module):
+class SmolVLAExpertLayer(nn.Module):
     """A Llama block of the action expert whose attention is joint or cross (see module)."""
 
     def __init__(self, spec: DecoderSpec, *, cross: bool, kv_width: int, factory: dict) -> None:
@@ -222,7 +222,7 @@ class SmolVLAModel(nn.Module):
         expert_spec = decoder_spec(sizes.expert, vocab_size=1, eps=eps)
         kv_width = text.num_kv_heads * text.head_dim
         self.expert = nn.ModuleList(
-            ExpertLayer(expert_spec, cross=i in sizes.cross_layers, kv_width=kv_width,
+            SmolVLAExpertLayer(expert_spec, cross=i in sizes.cross_layers, kv_width=kv_width,
                         factory=factory)
             for i in range(sizes.expert.depth)
         )  # fmt: skip
