@@ -60,6 +60,7 @@ def test_a_slow_copy_makes_the_prefill_floor_the_weights_not_the_flops(shape):
     assert slow.prefill_ms == pytest.approx(weight_bytes / 1e9 * 1e3)
 
 
+@pytest.mark.slow
 def test_a_checkpoint_folder_has_the_shape_of_its_config(tmp_path):
     from bench.lib.checkpoints import openvla_folder_once
 

@@ -12,6 +12,8 @@ import pytest
 from bench import chunk_seams
 from bench.lib.seam_arm import SimulatedArm
 
+pytestmark = pytest.mark.slow  # seconds or more: not in the fast tier
+
 MS = 1_000_000
 
 

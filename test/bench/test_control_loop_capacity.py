@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # seconds or more: not in the fast tier
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -20,6 +20,8 @@ import pytest
 from bench.gpu_check import report
 from bench.lib.capacity import CapacityCriteria, CapacityMeasure
 
+pytestmark = pytest.mark.slow  # seconds or more: not in the fast tier
+
 ROOT = Path(__file__).resolve().parents[2]
 PARTS = (
     'environment', 'kernels', 'checkpoint', 'model', 'profile', 'engine_core', 'serving',

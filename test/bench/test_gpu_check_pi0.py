@@ -15,6 +15,8 @@ from bench.gpu_check import pi0
 from bench.lib.device_timing import MeasuredRates
 from bench.lib.pi0_cost import Pi0Shape, pi0_step_floor, robots_at_period
 
+pytestmark = pytest.mark.slow  # seconds or more: not in the fast tier
+
 ROOT = Path(__file__).resolve().parents[2]
 H200 = MeasuredRates(4138.8, 753.5, 'bfloat16')  # run B's rates
 

@@ -7,6 +7,8 @@ import torch
 
 from bench import gpu_kernels
 
+pytestmark = pytest.mark.slow  # seconds or more: not in the fast tier
+
 
 def test_dry_run_checks_every_kernel_and_writes_one_row_per_shape(tmp_path, capsys):
     report_path = tmp_path / 'kernels.md'

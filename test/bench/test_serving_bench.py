@@ -13,6 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+pytestmark = pytest.mark.slow  # seconds or more: not in the fast tier
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -41,6 +41,8 @@ from vla_sched.ipc.messages import (
     StepResult,
 )
 
+pytestmark = pytest.mark.slow  # seconds or more: not in the fast tier
+
 CONFIG = EngineConfig(core='scheduled', stats_period_s=0.1, kv_pool_tokens=2048)
 
 

@@ -52,6 +52,7 @@ def test_a_well_formed_step_passes():
             'NaN or inf at [1, 4]',
         ),
         ({'instruction': '   '}, FailureReason.INVALID_INSTRUCTION, 'empty'),
+        ({'instruction': '\x01\x02\u200b'}, FailureReason.INVALID_INSTRUCTION, 'no printable'),
         ({'instruction': 'x' * 65}, FailureReason.INVALID_INSTRUCTION, '65 bytes, limit 64'),
         ({'deadline_ns': 50}, FailureReason.DEADLINE_MISSED, 'before the observation'),
     ],

@@ -220,6 +220,7 @@ def test_store_kv_rejects_out_of_range_and_duplicate_slots():
     assert not k_cache.any()
 
 
+@pytest.mark.slow
 def test_torch_backend_imports_and_runs_without_triton():
     script = (
         'import sys, torch\n'

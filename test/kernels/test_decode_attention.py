@@ -25,6 +25,8 @@ from vla_sched.kernels.decode_attention import (
     run_decode_attention,
 )
 
+pytestmark = pytest.mark.slow  # seconds or more: not in the fast tier
+
 TOLERANCE = 1e-5
 
 

@@ -24,6 +24,8 @@ from vla_sched.kernels.extend_attention import (
     run_extend_attention,
 )
 
+pytestmark = pytest.mark.slow  # seconds or more: not in the fast tier
+
 TOLERANCE = 1e-5
 
 

@@ -14,6 +14,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow  # seconds or more: not in the fast tier
+
 HERE = Path(__file__).resolve().parent
 SCRIPT = HERE / 'sm90_compile.py'
 GPU_TRITON = '3.6.0'

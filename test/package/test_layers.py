@@ -27,6 +27,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 _PRODUCT = {'vla_sched.ros', 'vla_sched.engine', 'vla_sched.ipc', 'vla_sched.core',
@@ -105,6 +107,7 @@ def test_every_family_folder_is_listed_by_the_registry_and_every_listed_one_exis
     assert FAMILIES and sorted(FAMILY_NAMES) == FAMILIES
 
 
+@pytest.mark.slow
 def test_core_imports_with_rclpy_unavailable_and_no_cuda(tmp_path):
     # A meta-path hook makes rclpy and the message packages unimportable for this process.
     code = """

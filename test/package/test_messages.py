@@ -16,6 +16,7 @@ pytestmark = pytest.mark.ros
 ROUNDTRIP = [sys.executable, '-m', 'vla_sched.ros.roundtrip']
 
 
+@pytest.mark.slow
 def test_action_chunk_published_in_one_process_arrives_intact_in_another():
     count = 3
     args = ['--count', str(count), '--timeout', '60']

@@ -17,6 +17,8 @@ from vla_sched.ros.chunk_executor_config import ChunkExecutorConfig
 from vla_sched.ros.chunk_executor_node import chunk_rules, sink_messages, take_chunk
 from vla_sched.ros.conversions import ns_to_stamp, stamp_to_ns
 
+pytestmark = pytest.mark.slow  # seconds or more: not in the fast tier
+
 S = 1_000_000_000
 NOW = 1_000 * S
 EE_NAMES = ('x', 'y', 'z', 'roll', 'pitch', 'yaw', 'gripper')

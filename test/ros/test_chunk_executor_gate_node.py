@@ -19,6 +19,8 @@ from trajectory_msgs.msg import JointTrajectory
 from vla_sched.msg import ActionChunk
 from vla_sched.ros.conversions import ns_to_stamp, stamp_to_ns
 
+pytestmark = [pytest.mark.ros, pytest.mark.slow]  # rclpy nodes spinning in process
+
 NAMESPACE = 'gate_test_arm'
 JOINTS = ('j0', 'j1', 'j2')
 DT_S = 0.1

@@ -40,6 +40,8 @@ from vla_sched.ros.robot_topics import control_qos
 from vla_sched.ros.safety_gate import SafetyGate
 from vla_sched.settings import settings_of
 
+pytestmark = [pytest.mark.ros, pytest.mark.slow]  # rclpy nodes spinning in process
+
 ROOT = Path(__file__).resolve().parents[2]
 PARAMS_FILE = ROOT / 'config' / 'chunk_executor.yaml'
 NAMESPACE = 'exec_test_arm'

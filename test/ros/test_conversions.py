@@ -178,3 +178,10 @@ def test_stamps_and_durations_round_trip_nanoseconds():
     assert stamp_to_ns(stamp) == ns
     duration = ns_to_duration(2_500_000_000)
     assert (duration.sec, duration.nanosec) == (2, 500_000_000)
+
+
+@pytest.mark.parametrize('text', ['\x01\x02\x03', '\u200b\u200b', '\x1b\x07\x08'])
+def test_an_instruction_of_control_or_format_characters_only_is_refused(text):
+    with pytest.raises(InstructionError, match='no printable character'):
+        check_instruction(text, max_bytes=64)
+    assert check_instruction('\x01open the drawer', max_bytes=64) == '\x01open the drawer'

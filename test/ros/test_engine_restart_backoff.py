@@ -23,6 +23,8 @@ from vla_sched.ros.engine_link import (
     restart_delay,
 )
 
+pytestmark = pytest.mark.slow  # seconds or more: not in the fast tier
+
 INFO = EngineInfo('fake', 0, 1, 1, 8, 16, True)
 
 

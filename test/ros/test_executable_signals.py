@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-pytestmark = pytest.mark.ros
+pytestmark = [pytest.mark.ros, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
 NODES = ROOT / 'nodes'

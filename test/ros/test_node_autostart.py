@@ -4,6 +4,7 @@ its log and on /diagnostics, and its process keeps running (and stops cleanly)."
 
 from __future__ import annotations
 
+import errno
 import json
 import time
 from collections import defaultdict
@@ -21,7 +22,7 @@ from vla_sched.model.config.presets import openvla_config, openvla_norm_stats
 from vla_sched.ros.diagnostic_keys import ENGINE_STATE_KEY, LIFECYCLE_STATE_KEY
 from vla_sched.ros.node import VlaSchedNode
 
-pytestmark = pytest.mark.ros
+pytestmark = [pytest.mark.ros, pytest.mark.slow]
 
 WAIT_S = 60.0  # only a hang reaches this
 SCHEDULER = '/vla_sched: scheduler'
@@ -41,13 +42,14 @@ def two_dataset_checkpoint(tmp_path):
 class Spun:
     """A VlaSchedNode with autostart (the default) in this process, and its /diagnostics."""
 
-    def __init__(self, model_path) -> None:
+    def __init__(self, model_path, *, client_factory=None) -> None:
         self.context = rclpy.Context()
         rclpy.init(args=[], context=self.context)
         params = {'robot_ids': ['robot_0'], 'engine.model_path': str(model_path)}
         self.node = VlaSchedNode(
             parameter_overrides=[Parameter(k, value=v) for k, v in params.items()],
             context=self.context,
+            client_factory=client_factory,
         )
         self.probe = rclpy.create_node('probe', context=self.context)
         self.executor = SingleThreadedExecutor(context=self.context)
@@ -143,3 +145,21 @@ def test_a_node_process_whose_configure_fails_under_autostart_keeps_running(
     assert 'configure failed: engine.unnorm_key' in log and "['a', 'b']" in log
     assert 'autostart stopped: the node is unconfigured' in log
     assert 'Traceback' not in log
+
+
+def test_an_engine_that_cannot_start_on_a_full_disk_is_a_failed_configure(tmp_path):
+    def full_disk(config):
+        raise OSError(errno.ENOSPC, 'No space left on device', str(tmp_path))
+
+    run = Spun('', client_factory=full_disk)  # the built-in checkpoint: the check passes
+    try:
+
+        def failure_reported() -> bool:
+            return any(
+                'No space left on device' in v['engine last error'] for v in run.scheduler_values()
+            )
+
+        assert run.spin_until(failure_reported), run.scheduler_values()
+        assert run.node.lifecycle_state == 'unconfigured' and run.node.link is None
+    finally:
+        run.close()

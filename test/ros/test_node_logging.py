@@ -22,7 +22,7 @@ from vla_sched.msg import StepRejected
 from vla_sched.ros.launch_args import log_level_arguments
 from vla_sched.ros.ros_logging import forward_python_logs, stop_forwarding
 
-pytestmark = pytest.mark.ros
+pytestmark = [pytest.mark.ros, pytest.mark.slow]
 
 WAIT_S = 120.0  # only a hang reaches this
 REASONS = {

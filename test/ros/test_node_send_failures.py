@@ -25,6 +25,8 @@ from vla_sched.ros.conversions import ns_to_stamp, rgb_to_image, stamp_to_ns
 from vla_sched.ros.node import VlaSchedNode
 from vla_sched.ros.node_config import ConfigError, FrontendConfig, RobotConfig
 
+pytestmark = pytest.mark.slow  # seconds or more: not in the fast tier
+
 WAIT_S = 30.0  # only a hang reaches this
 HORIZON, DOF = 4, 7
 

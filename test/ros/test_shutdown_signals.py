@@ -21,6 +21,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+pytestmark = pytest.mark.slow  # seconds or more: not in the fast tier
+
 ROOT = Path(__file__).resolve().parents[2]
 # The node's main in miniature: poll the request, stop, leave the block, finish; it waits on
 # stdin at each moment so that the test can signal it exactly there.

@@ -97,6 +97,8 @@ def check_step_request(
     text = request.instruction
     if not text.strip():
         return fail(FailureReason.INVALID_INSTRUCTION, 'instruction is empty')
+    if not any(ch.isprintable() and not ch.isspace() for ch in text):
+        return fail(FailureReason.INVALID_INSTRUCTION, 'instruction has no printable character')
     num_bytes = len(text.encode('utf-8'))
     if num_bytes > max_instruction_bytes:
         return fail(

@@ -310,8 +310,9 @@ def check_instruction(text: str, *, max_bytes: int) -> str:
     """Return the instruction stripped of surrounding whitespace if it is usable.
 
     Raises:
-        InstructionError: empty (or only whitespace), over ``max_bytes`` in UTF-8, or
-            containing NUL characters.
+        InstructionError: empty (or only whitespace), over ``max_bytes`` in UTF-8,
+            containing NUL characters, or without a printable character (only control or
+            format characters: nothing a model can read as a task).
     """
     size = len(text.encode('utf-8', errors='surrogatepass'))
     if size > max_bytes:
@@ -321,6 +322,8 @@ def check_instruction(text: str, *, max_bytes: int) -> str:
         raise InstructionError('instruction is empty')
     if '\x00' in stripped:
         raise InstructionError('instruction contains a NUL character')
+    if not any(ch.isprintable() and not ch.isspace() for ch in stripped):
+        raise InstructionError('instruction has no printable character')
     return stripped
 
 

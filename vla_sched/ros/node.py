@@ -286,11 +286,17 @@ class VlaSchedNode(LifecycleNode):
             self._configure_error = str(exc)
             self.get_logger().error(f'configure failed: {exc}')
             return FAILURE
+        try:  # the engine's runtime folder and sockets: a full or read-only disk fails here
+            client = self._client_factory(self.config)
+            client.on_arrival = self._wake_for_engine
+            link = EngineLink(client, self.config.link)
+            link.start()
+        except OSError as exc:
+            self._configure_error = f'cannot start the engine: {exc}'
+            self.get_logger().error(f'configure failed: {self._configure_error}')
+            return FAILURE
         self._configure_error = ''
-        client = self._client_factory(self.config)
-        client.on_arrival = self._wake_for_engine
-        self.link = EngineLink(client, self.config.link)
-        self.link.start()
+        self.link = link
         self.get_logger().info(
             f'configured for {len(self.slots)} robots; engine {self.config.link.mode} mode, '
             'starting'

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import random
 
+import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from kv_random_driver import NUM_OPS, KVMemoryDriver
+
+pytestmark = pytest.mark.slow  # seconds or more: not in the fast tier
 
 _OPS = st.lists(
     st.tuples(st.integers(0, NUM_OPS - 1), st.integers(0, 7), st.integers(0, 7)),
@@ -16,7 +19,7 @@ _OPS = st.lists(
 
 
 @settings(
-    max_examples=1000,
+    max_examples=400,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )

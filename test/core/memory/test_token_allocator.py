@@ -11,6 +11,8 @@ from hypothesis import strategies as st
 from vla_sched.core.memory.kv_errors import DoubleFreeError, OutOfPagesError
 from vla_sched.core.memory.token_allocator import PagedTokenAllocator
 
+pytestmark = pytest.mark.slow  # seconds or more: not in the fast tier
+
 
 def _t(values: list[int]) -> torch.Tensor:
     return torch.tensor(values, dtype=torch.int64)

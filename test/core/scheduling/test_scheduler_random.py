@@ -3,6 +3,7 @@ request ends exactly once, and every completed request has the reference output.
 
 from __future__ import annotations
 
+import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -11,6 +12,8 @@ from sched_testing import expected_outputs, make_req, make_scheduler
 from vla_sched.core.memory.radix_key import RadixKey
 from vla_sched.core.scheduling.request import FinishKind
 from vla_sched.core.scheduling.scheduler_config import PrefillDelayerConfig
+
+pytestmark = pytest.mark.slow  # seconds or more: not in the fast tier
 
 PREFIXES = ([500, 501, 502, 503, 504], [600, 601, 602])
 ROBOTS = (None, 'r0', 'r1', 'r2')

@@ -257,6 +257,7 @@ def test_padded_prefill_path_equals_the_eager_prefill_and_keeps_real_kv(
         torch.testing.assert_close(padded, plain, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_triton_kernels_under_the_interpreter_match_the_torch_path(tiny_model, prompt_builder):
     ids, span = prompt(prompt_builder, 'go', 4)
     outputs = []

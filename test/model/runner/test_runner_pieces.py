@@ -4,6 +4,7 @@ counts each path's real and padding work."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from model_testing import PagedSlots, Step, make_batch, random_image
 
@@ -179,6 +180,7 @@ def test_the_runner_counts_real_and_padding_work_per_path(tiny_model, prompt_bui
     assert after['prefill'] == before['prefill'] and after['vision'] == before['vision']
 
 
+@pytest.mark.slow
 def test_triton_pieces_under_the_interpreter_match_the_plain_torch_path(
     tiny_model, prompt_builder
 ):

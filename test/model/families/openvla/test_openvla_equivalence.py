@@ -30,6 +30,8 @@ from vla_sched.model.loading.checkpoint import load_checkpoint
 from vla_sched.model.runner.model_runner import ModelRunner, RunnerConfig
 from vla_sched.testing.openvla_writer import write_openvla_checkpoint
 
+pytestmark = pytest.mark.slow  # seconds or more: not in the fast tier
+
 RELATIVE_TOLERANCE = 1e-4
 IMAGE_SIZE = 224
 NUM_ACTION_TOKENS = 7

@@ -22,6 +22,8 @@ from vla_sched.model.layers.attention import AttentionMetadata
 from vla_sched.model.runner.padding_stats import PaddingCounter, PaddingStats
 from vla_sched.testing.openvla_oft_writer import write_openvla_oft_checkpoint
 
+pytestmark = pytest.mark.slow  # seconds or more: not in the fast tier
+
 ANY_SAMPLING = SamplingParams(0, 1)
 STATE = np.linspace(-0.2, 0.3, 8)
 

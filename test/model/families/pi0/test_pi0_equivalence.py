@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 from pi0_reference import ReferencePi0
-from pi0_serving import reference_chunks, robot_steps, served_chunks
+from pi0_serving import reference_chunks, reference_inputs, robot_steps, served_chunks
 
 from vla_sched.model.families.pi0.checkpoint import read_pi0_spec
 from vla_sched.testing.pi0_writer import write_pi0_checkpoint
@@ -49,3 +50,32 @@ def test_each_porting_error_moves_the_reference_beyond_the_tolerance(folder, mut
     right = reference_chunks(reference, spec, steps)
     wrong = reference_chunks(reference.mutated(**{mutation: True}), spec, steps)
     assert np.abs(right - wrong).max() > 10 * TOLERANCE
+
+
+def test_every_denoising_steps_velocity_equals_the_references(folder, monkeypatch):
+    from vla_sched.model.families.pi0.model import Pi0Model
+
+    spec = read_pi0_spec(folder)
+    steps = robot_steps(spec)
+    reference = ReferencePi0.from_folder(folder, sizes=spec.sizes)
+    noise = torch.from_numpy(np.stack([x for *_, x in steps]))
+    _, want = reference.sample_actions(
+        **reference_inputs(spec, steps), noise=noise, num_steps=spec.num_inference_steps
+    )
+    recorded: list[torch.Tensor] = []
+    plain = Pi0Model.velocity
+
+    def recording(self, **inputs):
+        v = plain(self, **inputs)
+        recorded.append(v.detach().clone())
+        return v
+
+    monkeypatch.setattr(Pi0Model, 'velocity', recording)
+    for n, step in enumerate(steps):  # one robot at a time: each pass holds one row
+        recorded.clear()
+        served_chunks(folder, spec, [step])
+        assert len(recorded) == spec.num_inference_steps
+        for k, v in enumerate(recorded):
+            np.testing.assert_allclose(
+                v[0].numpy(), want[k][n].numpy(), rtol=TOLERANCE, atol=TOLERANCE
+            )

@@ -25,6 +25,8 @@ from vla_sched.model.families.pi0.runner import FlowMatchingRunner
 from vla_sched.model.families.pi0.weights import load_pi0_model
 from vla_sched.testing.pi0_writer import write_pi0_checkpoint
 
+pytestmark = pytest.mark.slow  # seconds or more: not in the fast tier
+
 TOLERANCE = 1e-5  # the same float32 kernels at other shapes: rounding only
 # Language ids of each robot: prompts of 3 to 9 tokens, so prefixes of 35 to 41 tokens.
 PROMPTS = ((2, 17, 40, 41, 9), (2, 88, 12), (2, 5, 6, 7, 8, 9, 10, 11, 12), (2, 30, 31, 32))
