@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from vla_sched.model.config.lerobot_policy import WEIGHTS_PREFIX
 from vla_sched.model.families.pi0.checkpoint import (
     EMBEDDING_NAME,
     GEMMA_VARIANTS,
@@ -39,7 +40,6 @@ from vla_sched.model.families.pi0.checkpoint import (
     PALIGEMMA_VOCAB_SIZE,
     SIGLIP_SO400M_224,
     TINY_PI0_SIZES,
-    WEIGHTS_PREFIX,
     Pi0Sizes,
     is_bf16_weight,
     pi0_weight_shapes,

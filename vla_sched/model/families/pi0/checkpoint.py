@@ -21,16 +21,31 @@ This module reads JSON and the safetensors header only (no torch).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from vla_sched.model.config.checkpoint_spec import CheckpointError
+from vla_sched.model.config.lerobot_policy import (
+    ACTION_KEY,
+    CONFIG_FILE,
+    NORMALIZATION_STATS,
+    POSTPROCESSOR_FILE,
+    PREPROCESSOR_FILE,
+    STATE_KEY,
+    WEIGHTS_FILE,
+    check_weight_shapes,
+    feature_dim,
+    normalization_mode,
+    processor_step,
+    read_json,
+    read_safetensors_header,
+    read_statistics,
+    selected_statistics,
+)
 
 POLICY_TYPES = ('pi0', 'pi05')
-WEIGHTS_PREFIX = 'model.'
 PALIGEMMA = 'paligemma_with_expert.paligemma.'
 VISION_PREFIX = PALIGEMMA + 'model.vision_tower.vision_model.'
 PROJECTOR_PREFIX = PALIGEMMA + 'model.multi_modal_projector.linear.'
@@ -178,14 +193,14 @@ TINY_PI0_SIZES = Pi0Sizes(
 )  # fmt: skip
 
 
-def _linear(name: str, n_out: int, n_in: int, *, bias: bool) -> dict[str, tuple[int, ...]]:
+def linear_shapes(name: str, n_out: int, n_in: int, *, bias: bool) -> dict[str, tuple[int, ...]]:
     shapes: dict[str, tuple[int, ...]] = {f'{name}.weight': (n_out, n_in)}
     if bias:
         shapes[f'{name}.bias'] = (n_out,)
     return shapes
 
 
-def _siglip_shapes(v: SiglipSize) -> dict[str, tuple[int, ...]]:
+def siglip_shapes(v: SiglipSize) -> dict[str, tuple[int, ...]]:
     """transformers' ``SiglipVisionModel`` names (no pooling head, as PaliGemma's)."""
     h, p = v.hidden_size, v.patch_size
     shapes: dict[str, tuple[int, ...]] = {
@@ -198,36 +213,36 @@ def _siglip_shapes(v: SiglipSize) -> dict[str, tuple[int, ...]]:
         for norm in ('layer_norm1', 'layer_norm2'):
             shapes.update({f'{layer}{norm}.weight': (h,), f'{layer}{norm}.bias': (h,)})
         for proj in ('q_proj', 'k_proj', 'v_proj', 'out_proj'):
-            shapes.update(_linear(f'{layer}self_attn.{proj}', h, h, bias=True))
-        shapes.update(_linear(f'{layer}mlp.fc1', v.intermediate_size, h, bias=True))
-        shapes.update(_linear(f'{layer}mlp.fc2', h, v.intermediate_size, bias=True))
+            shapes.update(linear_shapes(f'{layer}self_attn.{proj}', h, h, bias=True))
+        shapes.update(linear_shapes(f'{layer}mlp.fc1', v.intermediate_size, h, bias=True))
+        shapes.update(linear_shapes(f'{layer}mlp.fc2', h, v.intermediate_size, bias=True))
     shapes.update({'post_layernorm.weight': (h,), 'post_layernorm.bias': (h,)})
     return shapes
 
 
-def _norm_shapes(name: str, width: int, *, adaptive: bool) -> dict[str, tuple[int, ...]]:
+def norm_shapes(name: str, width: int, *, adaptive: bool) -> dict[str, tuple[int, ...]]:
     """A Gemma RMSNorm's weight, or pi0.5's adaptive norm ``dense`` (scale, shift, gate)."""
     if adaptive:
         return {f'{name}.dense.weight': (3 * width, width), f'{name}.dense.bias': (3 * width,)}
     return {f'{name}.weight': (width,)}
 
 
-def _gemma_shapes(g: GemmaSize, *, adaptive: bool) -> dict[str, tuple[int, ...]]:
+def gemma_shapes(g: GemmaSize, *, adaptive: bool) -> dict[str, tuple[int, ...]]:
     """A Gemma decoder's layers and final norm (no embedding), as transformers names them."""
     w, q, kv = g.width, g.num_heads * g.head_dim, g.num_kv_heads * g.head_dim
     shapes: dict[str, tuple[int, ...]] = {}
     for i in range(g.depth):
         layer = f'layers.{i}.'
-        shapes.update(_norm_shapes(f'{layer}input_layernorm', w, adaptive=adaptive))
-        shapes.update(_linear(f'{layer}self_attn.q_proj', q, w, bias=False))
-        shapes.update(_linear(f'{layer}self_attn.k_proj', kv, w, bias=False))
-        shapes.update(_linear(f'{layer}self_attn.v_proj', kv, w, bias=False))
-        shapes.update(_linear(f'{layer}self_attn.o_proj', w, q, bias=False))
-        shapes.update(_norm_shapes(f'{layer}post_attention_layernorm', w, adaptive=adaptive))
-        shapes.update(_linear(f'{layer}mlp.gate_proj', g.mlp_dim, w, bias=False))
-        shapes.update(_linear(f'{layer}mlp.up_proj', g.mlp_dim, w, bias=False))
-        shapes.update(_linear(f'{layer}mlp.down_proj', w, g.mlp_dim, bias=False))
-    shapes.update(_norm_shapes('norm', w, adaptive=adaptive))
+        shapes.update(norm_shapes(f'{layer}input_layernorm', w, adaptive=adaptive))
+        shapes.update(linear_shapes(f'{layer}self_attn.q_proj', q, w, bias=False))
+        shapes.update(linear_shapes(f'{layer}self_attn.k_proj', kv, w, bias=False))
+        shapes.update(linear_shapes(f'{layer}self_attn.v_proj', kv, w, bias=False))
+        shapes.update(linear_shapes(f'{layer}self_attn.o_proj', w, q, bias=False))
+        shapes.update(norm_shapes(f'{layer}post_attention_layernorm', w, adaptive=adaptive))
+        shapes.update(linear_shapes(f'{layer}mlp.gate_proj', g.mlp_dim, w, bias=False))
+        shapes.update(linear_shapes(f'{layer}mlp.up_proj', g.mlp_dim, w, bias=False))
+        shapes.update(linear_shapes(f'{layer}mlp.down_proj', w, g.mlp_dim, bias=False))
+    shapes.update(norm_shapes('norm', w, adaptive=adaptive))
     return shapes
 
 
@@ -244,23 +259,25 @@ def pi0_weight_shapes(
         raise ValueError(f'policy type must be one of {POLICY_TYPES}, got {policy_type!r}')
     pi05 = policy_type == 'pi05'
     pg, ex = sizes.paligemma, sizes.expert
-    shapes = {VISION_PREFIX + k: s for k, s in _siglip_shapes(sizes.vision).items()}
-    shapes.update(_linear(PROJECTOR_PREFIX[:-1], pg.width, sizes.vision.hidden_size, bias=True))
-    shapes.update({LANGUAGE_PREFIX + k: s for k, s in _gemma_shapes(pg, adaptive=False).items()})
+    shapes = {VISION_PREFIX + k: s for k, s in siglip_shapes(sizes.vision).items()}
+    shapes.update(
+        linear_shapes(PROJECTOR_PREFIX[:-1], pg.width, sizes.vision.hidden_size, bias=True)
+    )
+    shapes.update({LANGUAGE_PREFIX + k: s for k, s in gemma_shapes(pg, adaptive=False).items()})
     shapes[EMBEDDING_NAME] = (sizes.vocab_size, pg.width)
-    shapes.update({EXPERT_PREFIX + k: s for k, s in _gemma_shapes(ex, adaptive=pi05).items()})
+    shapes.update({EXPERT_PREFIX + k: s for k, s in gemma_shapes(ex, adaptive=pi05).items()})
     shapes[EXPERT_HEAD_NAME] = (sizes.vocab_size, ex.width)
     w = ex.width
     if not pi05:
-        shapes.update(_linear('state_proj', w, max_state_dim, bias=True))
-    shapes.update(_linear('action_in_proj', w, max_action_dim, bias=True))
-    shapes.update(_linear('action_out_proj', max_action_dim, w, bias=True))
+        shapes.update(linear_shapes('state_proj', w, max_state_dim, bias=True))
+    shapes.update(linear_shapes('action_in_proj', w, max_action_dim, bias=True))
+    shapes.update(linear_shapes('action_out_proj', max_action_dim, w, bias=True))
     if pi05:
-        shapes.update(_linear('time_mlp_in', w, w, bias=True))
-        shapes.update(_linear('time_mlp_out', w, w, bias=True))
+        shapes.update(linear_shapes('time_mlp_in', w, w, bias=True))
+        shapes.update(linear_shapes('time_mlp_out', w, w, bias=True))
     else:
-        shapes.update(_linear('action_time_mlp_in', w, 2 * w, bias=True))
-        shapes.update(_linear('action_time_mlp_out', w, w, bias=True))
+        shapes.update(linear_shapes('action_time_mlp_in', w, 2 * w, bias=True))
+        shapes.update(linear_shapes('action_time_mlp_out', w, w, bias=True))
     return shapes
 
 
@@ -273,22 +290,7 @@ def is_bf16_weight(name: str) -> bool:
 # Reading a folder
 # ---------------------------------------------------------------------------------------------
 
-CONFIG_FILE = 'config.json'
-WEIGHTS_FILE = 'model.safetensors'
 SIZES_FILE = 'model_sizes.json'
-PREPROCESSOR_FILE = 'policy_preprocessor.json'
-POSTPROCESSOR_FILE = 'policy_postprocessor.json'
-STATE_KEY = 'observation.state'
-ACTION_KEY = 'action'
-# LeRobot's NormalizationMode values and the statistics each needs.
-NORMALIZATION_STATS: Mapping[str, tuple[str, ...]] = {
-    'IDENTITY': (),
-    'MEAN_STD': ('mean', 'std'),
-    'MIN_MAX': ('min', 'max'),
-    'QUANTILES': ('q01', 'q99'),
-    'QUANTILE10': ('q10', 'q90'),
-}
-STORED_DTYPES = ('F32', 'BF16', 'F16')
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -384,32 +386,6 @@ class Pi0Spec:
         return self.vision.num_patches
 
 
-def _read_json(path: Path, what: str) -> dict[str, Any]:
-    if not path.is_file():
-        raise CheckpointError(f'missing {path.name} in {path.parent}: {what}')
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise CheckpointError(f'{path.name} is not valid JSON: {exc}') from None
-    if not isinstance(data, dict):
-        raise CheckpointError(f'{path.name} must hold a JSON object')
-    return data
-
-
-def read_safetensors_header(path: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
-    """``{name: (dtype, shape)}`` from a safetensors file's header (its data is not read)."""
-    with open(path, 'rb') as f:
-        length = int.from_bytes(f.read(8), 'little')
-        if length <= 0 or length > 100_000_000:
-            raise CheckpointError(f'{path} is not a safetensors file (header length {length})')
-        header = json.loads(f.read(length))
-    return {
-        name: (entry['dtype'], tuple(entry['shape']))
-        for name, entry in header.items()
-        if name != '__metadata__'
-    }
-
-
 def _sizes_from_file(data: Mapping[str, Any], image_size: int) -> Pi0Sizes:
     try:
         vision = dict(data['vision'])
@@ -452,48 +428,6 @@ def _size_fields(size: Any) -> dict[str, int]:
     return {name: getattr(size, name) for name in size.__slots__}
 
 
-def check_weight_shapes(
-    header: Mapping[str, tuple[str, tuple[int, ...]]],
-    expected: Mapping[str, tuple[int, ...]],
-    *,
-    source: str,
-    policy_type: str,
-) -> None:
-    """Refuse a weights header whose names or shapes are not ``expected`` (names unprefixed),
-    naming the first tensor that disagrees and where the sizes came from."""
-    stored = {
-        n.removeprefix(WEIGHTS_PREFIX): v
-        for n, v in header.items()
-        if n.startswith(WEIGHTS_PREFIX)
-    }
-    for name, shape in expected.items():
-        if name not in stored:
-            raise CheckpointError(f'{WEIGHTS_FILE} lacks {WEIGHTS_PREFIX}{name} ({source})')
-        dtype, found = stored[name]
-        if found != shape:
-            raise CheckpointError(
-                f'{WEIGHTS_FILE} tensor {WEIGHTS_PREFIX}{name} has shape {list(found)} but the '
-                f'sizes from {source} give {list(shape)}'
-            )
-        if dtype not in STORED_DTYPES:
-            raise CheckpointError(f'{WEIGHTS_FILE} tensor {WEIGHTS_PREFIX}{name} is {dtype}')
-    extra = sorted(set(header) - {WEIGHTS_PREFIX + n for n in expected})
-    if extra:
-        raise CheckpointError(
-            f'{WEIGHTS_FILE} holds tensors a {policy_type} model does not have: {extra[:3]}'
-        )
-
-
-def _feature_dim(features: Mapping[str, Any], key: str, kind: str, where: str) -> int:
-    entry = features.get(key)
-    if not isinstance(entry, Mapping) or entry.get('type') != kind:
-        raise CheckpointError(f'{CONFIG_FILE} {where} has no {kind} feature {key!r}')
-    shape = entry.get('shape')
-    if not isinstance(shape, list) or len(shape) != 1 or not isinstance(shape[0], int):
-        raise CheckpointError(f'{CONFIG_FILE} {where}[{key!r}] shape must be [dim], got {shape}')
-    return shape[0]
-
-
 def _refuse_unserved_options(
     config: Mapping[str, Any], steps: Sequence[Mapping[str, Any]]
 ) -> None:
@@ -522,81 +456,22 @@ def _refuse_unserved_options(
         )
 
 
-def _step(
-    pipeline: Mapping[str, Any], registry_name: str, file_name: str
-) -> tuple[int, Mapping[str, Any]]:
-    steps = pipeline.get('steps')
-    if not isinstance(steps, list):
-        raise CheckpointError(f'{file_name} has no steps list')
-    found = [(i, s) for i, s in enumerate(steps) if s.get('registry_name') == registry_name]
-    if len(found) != 1:
-        raise CheckpointError(
-            f'{file_name} must hold one {registry_name!r} step, found {len(found)}'
-        )
-    return found[0]
-
-
-def _statistics(
-    folder: Path, step: Mapping[str, Any], file_name: str
-) -> dict[str, dict[str, Any]]:
-    """A normalizer step's statistics file as ``{feature: {stat: float32 array}}``."""
-    import numpy as np
-    from safetensors.numpy import load_file
-
-    state_file = step.get('state_file')
-    if not isinstance(state_file, str):
-        raise CheckpointError(f'{file_name} {step["registry_name"]!r} names no state_file')
-    path = folder / state_file
-    if not path.is_file():
-        raise CheckpointError(f'missing {state_file} in {folder}, which {file_name} names')
-    stats: dict[str, dict[str, Any]] = {}
-    for flat, values in load_file(str(path)).items():
-        feature, _, stat = flat.rpartition('.')
-        stats.setdefault(feature, {})[stat] = np.asarray(values, dtype=np.float32)
-    return stats
-
-
-def _mode(norm_map: Mapping[str, Any], kind: str, file_name: str) -> str:
-    mode = norm_map.get(kind, 'IDENTITY')
-    if mode not in NORMALIZATION_STATS:
-        raise CheckpointError(
-            f'{file_name} normalizes {kind} with {mode!r}, not one of {list(NORMALIZATION_STATS)}'
-        )
-    return mode
-
-
-def _selected_statistics(
-    stats: Mapping[str, Mapping[str, Any]], feature: str, mode: str, dim: int, file_name: str
-) -> dict[str, Any]:
-    selected = {}
-    for stat in NORMALIZATION_STATS[mode]:
-        values = stats.get(feature, {}).get(stat)
-        if values is None:
-            raise CheckpointError(f'{file_name} lacks {feature}.{stat}, which {mode} needs')
-        if values.shape != (dim,):
-            raise CheckpointError(
-                f'{file_name} {feature}.{stat} has shape {list(values.shape)}, the feature [{dim}]'
-            )
-        selected[stat] = values
-    return selected
-
-
 def _processors(
     folder: Path, config: Mapping[str, Any], policy_type: str
 ) -> tuple[list[Mapping[str, Any]], Mapping[str, Any], Mapping[str, Any]]:
     """Both pipelines' steps, checked for the steps this family's prompt relies on; returns
     (all steps, the preprocessor's normalizer step, the postprocessor's unnormalizer step)."""
-    pre = _read_json(folder / PREPROCESSOR_FILE, 'LeRobot saves the preprocessor pipeline there')
-    post = _read_json(folder / POSTPROCESSOR_FILE, 'LeRobot saves the postprocessor there')
-    norm_index, normalizer = _step(pre, 'normalizer_processor', PREPROCESSOR_FILE)
-    token_index, tokenizer = _step(pre, 'tokenizer_processor', PREPROCESSOR_FILE)
-    _, unnormalizer = _step(post, 'unnormalizer_processor', POSTPROCESSOR_FILE)
+    pre = read_json(folder / PREPROCESSOR_FILE, 'LeRobot saves the preprocessor pipeline there')
+    post = read_json(folder / POSTPROCESSOR_FILE, 'LeRobot saves the postprocessor there')
+    norm_index, normalizer = processor_step(pre, 'normalizer_processor', PREPROCESSOR_FILE)
+    token_index, tokenizer = processor_step(pre, 'tokenizer_processor', PREPROCESSOR_FILE)
+    _, unnormalizer = processor_step(post, 'unnormalizer_processor', POSTPROCESSOR_FILE)
     if policy_type == 'pi0':
-        line_index, _ = _step(pre, 'pi0_new_line_processor', PREPROCESSOR_FILE)
+        line_index, _ = processor_step(pre, 'pi0_new_line_processor', PREPROCESSOR_FILE)
         if line_index > token_index:
             raise CheckpointError(f'{PREPROCESSOR_FILE} appends the newline after tokenizing')
     else:
-        prompt_index, _ = _step(
+        prompt_index, _ = processor_step(
             pre, 'pi05_prepare_state_tokenizer_processor_step', PREPROCESSOR_FILE
         )
         if not norm_index < prompt_index < token_index:
@@ -626,7 +501,7 @@ def read_pi0_spec(folder: str | Path) -> Pi0Spec:
     folder = Path(folder)
     if not folder.is_dir():
         raise CheckpointError(f'checkpoint folder {folder} does not exist')
-    config = _read_json(folder / CONFIG_FILE, 'a LeRobot policy folder starts there')
+    config = read_json(folder / CONFIG_FILE, 'a LeRobot policy folder starts there')
     policy_type = config.get('type')
     if policy_type not in POLICY_TYPES:
         raise CheckpointError(f'{CONFIG_FILE} type {policy_type!r} is not one of {POLICY_TYPES}')
@@ -642,7 +517,7 @@ def read_pi0_spec(folder: str | Path) -> Pi0Spec:
         raise CheckpointError(f'{CONFIG_FILE} image_resolution must be square, got {resolution}')
     image_size = resolution[0]
     if (folder / SIZES_FILE).is_file():
-        sizes = _sizes_from_file(_read_json(folder / SIZES_FILE, ''), image_size)
+        sizes = _sizes_from_file(read_json(folder / SIZES_FILE, ''), image_size)
         source = SIZES_FILE
     else:
         sizes = _sizes_from_variants(config, image_size)
@@ -655,8 +530,8 @@ def read_pi0_spec(folder: str | Path) -> Pi0Spec:
     cameras = tuple(
         k for k, v in inputs.items() if isinstance(v, Mapping) and v.get('type') == 'VISUAL'
     )
-    state_dim = _feature_dim(inputs, STATE_KEY, 'STATE', 'input_features')
-    action_dim = _feature_dim(outputs, ACTION_KEY, 'ACTION', 'output_features')
+    state_dim = feature_dim(inputs, STATE_KEY, 'STATE', 'input_features')
+    action_dim = feature_dim(outputs, ACTION_KEY, 'ACTION', 'output_features')
     max_state_dim, max_action_dim = config.get('max_state_dim'), config.get('max_action_dim')
     for name, value in (('max_state_dim', max_state_dim), ('max_action_dim', max_action_dim)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -674,10 +549,10 @@ def read_pi0_spec(folder: str | Path) -> Pi0Spec:
     )
     pre_map = (normalizer.get('config') or {}).get('norm_map') or {}
     post_map = (unnormalizer.get('config') or {}).get('norm_map') or {}
-    if _mode(pre_map, 'VISUAL', PREPROCESSOR_FILE) != 'IDENTITY':
+    if normalization_mode(pre_map, 'VISUAL', PREPROCESSOR_FILE) != 'IDENTITY':
         raise CheckpointError(f'{PREPROCESSOR_FILE} normalizes images: only IDENTITY is served')
-    state_mode = _mode(pre_map, 'STATE', PREPROCESSOR_FILE)
-    action_mode = _mode(post_map, 'ACTION', POSTPROCESSOR_FILE)
+    state_mode = normalization_mode(pre_map, 'STATE', PREPROCESSOR_FILE)
+    action_mode = normalization_mode(post_map, 'ACTION', POSTPROCESSOR_FILE)
     config_map = config.get('normalization_mapping') or {}
     for kind, mode in (('STATE', state_mode), ('ACTION', action_mode)):
         if config_map.get(kind, mode) != mode:
@@ -685,8 +560,8 @@ def read_pi0_spec(folder: str | Path) -> Pi0Spec:
                 f'{CONFIG_FILE} normalization_mapping {kind} {config_map[kind]!r} disagrees '
                 f'with the processor files ({mode!r})'
             )
-    pre_stats = _statistics(folder, normalizer, PREPROCESSOR_FILE)
-    post_stats = _statistics(folder, unnormalizer, POSTPROCESSOR_FILE)
+    pre_stats = read_statistics(folder, normalizer, PREPROCESSOR_FILE)
+    post_stats = read_statistics(folder, unnormalizer, POSTPROCESSOR_FILE)
     try:
         return Pi0Spec(
             policy_type=policy_type,
@@ -710,10 +585,10 @@ def read_pi0_spec(folder: str | Path) -> Pi0Spec:
             weights_file=WEIGHTS_FILE,
             state_mode=state_mode,
             action_mode=action_mode,
-            state_statistics=_selected_statistics(
+            state_statistics=selected_statistics(
                 pre_stats, STATE_KEY, state_mode, state_dim, PREPROCESSOR_FILE
             ),
-            action_statistics=_selected_statistics(
+            action_statistics=selected_statistics(
                 post_stats, ACTION_KEY, action_mode, action_dim, POSTPROCESSOR_FILE
             ),
         )

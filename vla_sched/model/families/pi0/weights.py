@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from vla_sched.model.config.checkpoint_spec import CheckpointError
+from vla_sched.model.config.lerobot_policy import WEIGHTS_PREFIX
 from vla_sched.model.families.pi0.checkpoint import (
     EMBEDDING_NAME,
     EXPERT_HEAD_NAME,
@@ -25,7 +26,6 @@ from vla_sched.model.families.pi0.checkpoint import (
     LANGUAGE_PREFIX,
     PROJECTOR_PREFIX,
     VISION_PREFIX,
-    WEIGHTS_PREFIX,
     Pi0Spec,
     SiglipSize,
 )

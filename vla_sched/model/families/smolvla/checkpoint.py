@@ -24,21 +24,23 @@ from pathlib import Path
 from typing import Any
 
 from vla_sched.model.config.checkpoint_spec import CheckpointError
-from vla_sched.model.families.pi0.checkpoint import (
+from vla_sched.model.config.lerobot_policy import (
     NORMALIZATION_STATS,
+    check_weight_shapes,
+    feature_dim,
+    normalization_mode,
+    processor_step,
+    read_json,
+    read_safetensors_header,
+    read_statistics,
+    selected_statistics,
+)
+from vla_sched.model.families.pi0.checkpoint import (
     GemmaSize,
     SiglipSize,
-    _feature_dim,
-    _gemma_shapes,
-    _linear,
-    _mode,
-    _read_json,
-    _selected_statistics,
-    _siglip_shapes,
-    _statistics,
-    _step,
-    check_weight_shapes,
-    read_safetensors_header,
+    gemma_shapes,
+    linear_shapes,
+    siglip_shapes,
 )
 
 POLICY_TYPE = 'smolvla'
@@ -132,22 +134,22 @@ def smolvla_weight_shapes(
     """Every tensor of a SmolVLA ``model.safetensors`` (names without ``model.``) and its
     shape."""
     text, ex, vision = sizes.text, sizes.expert, sizes.vision
-    shapes = {VISION_PREFIX + k: s for k, s in _siglip_shapes(vision).items()}
+    shapes = {VISION_PREFIX + k: s for k, s in siglip_shapes(vision).items()}
     shapes[CONNECTOR_NAME] = (text.width, vision.hidden_size * sizes.scale_factor**2)
     shapes[EMBEDDING_NAME] = (sizes.vocab_size, text.width)
-    shapes.update({TEXT_PREFIX + k: s for k, s in _gemma_shapes(text, adaptive=False).items()})
-    expert = _gemma_shapes(ex, adaptive=False)
+    shapes.update({TEXT_PREFIX + k: s for k, s in gemma_shapes(text, adaptive=False).items()})
+    expert = gemma_shapes(ex, adaptive=False)
     kv = text.num_kv_heads * text.head_dim
     for i in sizes.cross_layers:
         for proj in ('k_proj', 'v_proj'):
             expert[f'layers.{i}.self_attn.{proj}.weight'] = (ex.num_kv_heads * ex.head_dim, kv)
     shapes.update({EXPERT_PREFIX + k: s for k, s in expert.items()})
     w = ex.width
-    shapes.update(_linear('state_proj', text.width, max_state_dim, bias=True))
-    shapes.update(_linear('action_in_proj', w, max_action_dim, bias=True))
-    shapes.update(_linear('action_out_proj', max_action_dim, w, bias=True))
-    shapes.update(_linear('action_time_mlp_in', w, 2 * w, bias=True))
-    shapes.update(_linear('action_time_mlp_out', w, w, bias=True))
+    shapes.update(linear_shapes('state_proj', text.width, max_state_dim, bias=True))
+    shapes.update(linear_shapes('action_in_proj', w, max_action_dim, bias=True))
+    shapes.update(linear_shapes('action_out_proj', max_action_dim, w, bias=True))
+    shapes.update(linear_shapes('action_time_mlp_in', w, 2 * w, bias=True))
+    shapes.update(linear_shapes('action_time_mlp_out', w, w, bias=True))
     return shapes
 
 
@@ -172,7 +174,7 @@ def read_vlm_sizes(
     Raises:
         CheckpointError: naming the missing file or the field that disagrees.
     """
-    data = _read_json(
+    data = read_json(
         vlm_folder / VLM_CONFIG_FILE, f"the VLM's config (download {DEFAULT_VLM_NAME}'s)"
     )
     text, vision = data.get('text_config'), data.get('vision_config')
@@ -355,14 +357,14 @@ def _processors(
 ) -> tuple[Mapping[str, Any], Mapping[str, Any]]:
     """The preprocessor's normalizer step and the postprocessor's unnormalizer step, after
     checking the steps the prompt relies on (a newline, then the tokenizer)."""
-    pre = _read_json(folder / PREPROCESSOR_FILE, 'LeRobot saves the preprocessor pipeline there')
-    post = _read_json(folder / POSTPROCESSOR_FILE, 'LeRobot saves the postprocessor there')
-    _, normalizer = _step(pre, 'normalizer_processor', PREPROCESSOR_FILE)
-    token_index, tokenizer = _step(pre, 'tokenizer_processor', PREPROCESSOR_FILE)
-    line_index, _ = _step(pre, 'smolvla_new_line_processor', PREPROCESSOR_FILE)
+    pre = read_json(folder / PREPROCESSOR_FILE, 'LeRobot saves the preprocessor pipeline there')
+    post = read_json(folder / POSTPROCESSOR_FILE, 'LeRobot saves the postprocessor there')
+    _, normalizer = processor_step(pre, 'normalizer_processor', PREPROCESSOR_FILE)
+    token_index, tokenizer = processor_step(pre, 'tokenizer_processor', PREPROCESSOR_FILE)
+    line_index, _ = processor_step(pre, 'smolvla_new_line_processor', PREPROCESSOR_FILE)
     if line_index > token_index:
         raise CheckpointError(f'{PREPROCESSOR_FILE} appends the newline after tokenizing')
-    _, unnormalizer = _step(post, 'unnormalizer_processor', POSTPROCESSOR_FILE)
+    _, unnormalizer = processor_step(post, 'unnormalizer_processor', POSTPROCESSOR_FILE)
     token_config = tokenizer.get('config') or {}
     if token_config.get('max_length') != config.get('tokenizer_max_length'):
         raise CheckpointError(
@@ -380,7 +382,7 @@ def read_policy_config(folder: str | Path) -> dict[str, Any]:
     folder = Path(folder)
     if not folder.is_dir():
         raise CheckpointError(f'checkpoint folder {folder} does not exist')
-    config = _read_json(folder / CONFIG_FILE, 'a LeRobot policy folder starts there')
+    config = read_json(folder / CONFIG_FILE, 'a LeRobot policy folder starts there')
     if config.get('type') != POLICY_TYPE:
         raise CheckpointError(f'{CONFIG_FILE} type {config.get("type")!r} is not {POLICY_TYPE!r}')
     return config
@@ -427,8 +429,8 @@ def read_smolvla_spec(folder: str | Path, *, vlm_folder: str | Path) -> SmolVLAS
     cameras = tuple(
         k for k, v in inputs.items() if isinstance(v, Mapping) and v.get('type') == 'VISUAL'
     )
-    state_dim = _feature_dim(inputs, STATE_KEY, 'STATE', 'input_features')
-    action_dim = _feature_dim(outputs, ACTION_KEY, 'ACTION', 'output_features')
+    state_dim = feature_dim(inputs, STATE_KEY, 'STATE', 'input_features')
+    action_dim = feature_dim(outputs, ACTION_KEY, 'ACTION', 'output_features')
     max_state_dim, max_action_dim = config.get('max_state_dim'), config.get('max_action_dim')
     for name, value in (('max_state_dim', max_state_dim), ('max_action_dim', max_action_dim)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -448,10 +450,10 @@ def read_smolvla_spec(folder: str | Path, *, vlm_folder: str | Path) -> SmolVLAS
     )
     pre_map = (normalizer.get('config') or {}).get('norm_map') or {}
     post_map = (unnormalizer.get('config') or {}).get('norm_map') or {}
-    if _mode(pre_map, 'VISUAL', PREPROCESSOR_FILE) != 'IDENTITY':
+    if normalization_mode(pre_map, 'VISUAL', PREPROCESSOR_FILE) != 'IDENTITY':
         raise CheckpointError(f'{PREPROCESSOR_FILE} normalizes images: only IDENTITY is served')
-    state_mode = _mode(pre_map, 'STATE', PREPROCESSOR_FILE)
-    action_mode = _mode(post_map, 'ACTION', POSTPROCESSOR_FILE)
+    state_mode = normalization_mode(pre_map, 'STATE', PREPROCESSOR_FILE)
+    action_mode = normalization_mode(post_map, 'ACTION', POSTPROCESSOR_FILE)
     config_map = config.get('normalization_mapping') or {}
     for kind, found in (('STATE', state_mode), ('ACTION', action_mode)):
         if config_map.get(kind, found) != found:
@@ -459,8 +461,8 @@ def read_smolvla_spec(folder: str | Path, *, vlm_folder: str | Path) -> SmolVLAS
                 f'{CONFIG_FILE} normalization_mapping {kind} {config_map[kind]!r} disagrees '
                 f'with the processor files ({found!r})'
             )
-    pre_stats = _statistics(folder, normalizer, PREPROCESSOR_FILE)
-    post_stats = _statistics(folder, unnormalizer, POSTPROCESSOR_FILE)
+    pre_stats = read_statistics(folder, normalizer, PREPROCESSOR_FILE)
+    post_stats = read_statistics(folder, unnormalizer, POSTPROCESSOR_FILE)
     try:
         return SmolVLASpec(
             sizes=sizes,
@@ -480,10 +482,10 @@ def read_smolvla_spec(folder: str | Path, *, vlm_folder: str | Path) -> SmolVLAS
             vlm_model_name=str(config.get('vlm_model_name', DEFAULT_VLM_NAME)),
             state_mode=state_mode,
             action_mode=action_mode,
-            state_statistics=_selected_statistics(
+            state_statistics=selected_statistics(
                 pre_stats, STATE_KEY, state_mode, state_dim, PREPROCESSOR_FILE
             ),
-            action_statistics=_selected_statistics(
+            action_statistics=selected_statistics(
                 post_stats, ACTION_KEY, action_mode, action_dim, POSTPROCESSOR_FILE
             ),
         )
