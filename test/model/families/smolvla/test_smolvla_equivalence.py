@@ -1,10 +1,12 @@
 """Our SmolVLA on the paged KV, served through the scheduler, against the independent
 reference (``smolvla_reference``: transformers' SmolVLM vision tower and connector and Llama
 modules plus LeRobot's additions in plain torch) on a tiny float32 folder: several robots with
-different instructions and states batched, every chunk within 1e-4; each error a port could
-make (no image scale, the state visible to the images, bidirectional actions, cross-attention
-positions not from 0) moves the reference's actions beyond that tolerance, so this comparison
-would catch it."""
+different instructions and states batched, every chunk within 1e-4, and every denoising
+step's velocity within 1e-4; the attention masks (probed through the attention kernel itself)
+and the positions of the prefix, the joint layers and the cross layers exactly the
+reference's; each error a port could make (no image scale, the state visible to the images,
+bidirectional actions, cross-attention positions not from 0) moves the reference's actions
+beyond that tolerance, so this comparison would catch it."""
 
 from __future__ import annotations
 
@@ -22,8 +24,10 @@ from vla_sched.core.scheduling.request import Req
 from vla_sched.core.scheduling.scheduler import Scheduler
 from vla_sched.core.scheduling.scheduler_config import SchedulerConfig
 from vla_sched.model.families.smolvla.checkpoint import read_smolvla_spec
+from vla_sched.model.families.smolvla.model import SmolVLAModel
 from vla_sched.model.families.smolvla.runner import SmolVLARunner
 from vla_sched.model.families.smolvla.weights import load_smolvla_model
+from vla_sched.model.layers.attention import paged_attention
 from vla_sched.testing.smolvla_writer import write_smolvla_checkpoint
 
 TOLERANCE = 1e-4
@@ -151,3 +155,115 @@ def test_each_porting_error_moves_the_reference_beyond_the_tolerance(spec, refer
     right = _reference_chunks(reference, spec, steps)
     wrong = _reference_chunks(reference.mutated(**{mutation: True}), spec, steps)
     assert np.abs(right - wrong).max() > 10 * TOLERANCE
+
+
+@pytest.mark.slow
+def test_every_denoising_steps_velocity_equals_the_references(
+    folder, spec, reference, monkeypatch
+):
+    steps = _steps(spec)
+    want: list[torch.Tensor] = []
+    for ids, images, state, noise in steps:  # one robot at a time: each pass holds one row
+        pixels = [_pixels([image]) for image in images]
+        _, velocities = reference.sample_actions(
+            pixels=pixels, lang_ids=torch.tensor([ids]),
+            lang_valid=torch.ones((1, len(ids)), dtype=torch.bool),
+            state=torch.from_numpy(state)[None], noise=torch.from_numpy(noise)[None],
+            num_steps=spec.num_inference_steps,
+        )  # fmt: skip
+        want.append(velocities)
+    recorded: list[torch.Tensor] = []
+    plain = SmolVLAModel.velocity
+
+    def recording(self, **inputs):
+        v = plain(self, **inputs)
+        recorded.append(v.detach().clone())
+        return v
+
+    monkeypatch.setattr(SmolVLAModel, 'velocity', recording)
+    for n, step in enumerate(steps):
+        recorded.clear()
+        _served_chunks(folder, spec, [step], burst=1)
+        assert len(recorded) == spec.num_inference_steps
+        for k, v in enumerate(recorded):
+            np.testing.assert_allclose(
+                v[0].numpy(), want[n][k][0].numpy(), rtol=TOLERANCE, atol=TOLERANCE
+            )
+
+
+def _probed_mask(meta, *, num_keys: int, prefix_slots: torch.Tensor | None) -> torch.Tensor:
+    """The mask ``[T, num_keys]`` the attention kernel applies for ``meta``: every query and
+    key zero (so a query weighs every key it sees alike), the value of key ``j`` the one-hot
+    ``e_j`` (cached prefix keys at their slots, new keys from the pass), so the output's
+    nonzero entries are the keys each query sees."""
+    new = meta.num_tokens
+    first_new = num_keys - new
+    eye = torch.eye(num_keys, dtype=torch.float32)
+    slots = int(meta.out_cache_loc.max()) + 1
+    if prefix_slots is not None:
+        slots = max(slots, int(prefix_slots.max()) + 1)
+    k_cache = torch.zeros((slots, 1, num_keys))
+    v_cache = torch.zeros((slots, 1, num_keys))
+    if prefix_slots is not None:
+        v_cache[prefix_slots.long(), 0] = eye[:first_new]
+    out = paged_attention(
+        q=torch.zeros((new, 1, num_keys)), k=torch.zeros((new, 1, num_keys)),
+        v=eye[first_new:, None], k_cache=k_cache, v_cache=v_cache, meta=meta, sm_scale=1.0,
+    )  # fmt: skip
+    return out[:, 0] > 0
+
+
+@pytest.mark.slow
+def test_masks_and_positions_are_exactly_the_references(folder, spec, reference, monkeypatch):
+    ids, images, state, noise = _steps(spec)[0]
+    prefix = reference.prefix(
+        pixels=[_pixels([image]) for image in images], lang_ids=torch.tensor([ids]),
+        lang_valid=torch.ones((1, len(ids)), dtype=torch.bool),
+        state=torch.from_numpy(state)[None],
+    )  # fmt: skip
+    want_suffix_mask, want_suffix_positions = reference.suffix_layout(prefix, spec.chunk_size)
+    length = prefix.valid.shape[1]
+    seen: dict[str, object] = {}
+    run_prefix, velocity, rope = (
+        SmolVLAModel.run_prefix, SmolVLAModel.velocity, SmolVLAModel.rope
+    )  # fmt: skip
+    ropes: list[torch.Tensor] = []
+
+    def recording_prefix(self, embeds, meta, kv_caches):
+        seen['prefix'] = meta
+        return run_prefix(self, embeds, meta, kv_caches)
+
+    def recording_velocity(self, **inputs):
+        seen.setdefault('suffix', inputs['meta'])
+        seen.setdefault('reads', inputs['reads'])
+        ropes.clear()
+        return velocity(self, **inputs)
+
+    def recording_rope(self, positions):
+        ropes.append(positions.clone())
+        return rope(self, positions)
+
+    monkeypatch.setattr(SmolVLAModel, 'run_prefix', recording_prefix)
+    monkeypatch.setattr(SmolVLAModel, 'velocity', recording_velocity)
+    monkeypatch.setattr(SmolVLAModel, 'rope', recording_rope)
+    _served_chunks(folder, spec, [(ids, images, state, noise)], burst=1)
+
+    prefix_meta = seen['prefix']
+    assert prefix_meta.positions.tolist() == prefix.positions[0].tolist()
+    got = _probed_mask(prefix_meta, num_keys=length, prefix_slots=None)
+    assert torch.equal(got, prefix.mask[0])
+
+    suffix_meta = seen['suffix']
+    assert suffix_meta.positions.tolist() == want_suffix_positions[0].tolist()
+    table = suffix_meta.req_to_token[0, :length]
+    got = _probed_mask(suffix_meta, num_keys=length + spec.chunk_size, prefix_slots=table)
+    assert torch.equal(got, want_suffix_mask[0])
+
+    # Cross layers: every action reads the whole prefix, its query at positions from 0.
+    reads = seen['reads']
+    assert reads.prefix_lens.tolist() == [int(prefix.valid.sum())] * spec.chunk_size
+    assert bool(want_suffix_mask[0, :, :length].all())
+    joint, cross = ropes[-2:]
+    assert joint.tolist() == want_suffix_positions[0].tolist()
+    rebased = want_suffix_positions - want_suffix_positions.min(dim=1, keepdim=True).values
+    assert cross.tolist() == rebased[0].tolist()
