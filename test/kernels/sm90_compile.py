@@ -163,6 +163,9 @@ def _extend_variants():
     variants = [(64, 4, True, 'bf16'), (128, 1, False, 'bf16'), (128, 4, True, 'bf16')]
     # openvla-7b's OFT pass: one head per KV head, every request's span over its sequence.
     variants += [(128, 1, True, 'bf16'), (80, 4, True, 'fp16'), (128, 4, True, 'fp32')]
+    # pi0 / pi0.5: Gemma's head_dim 256, 8 query heads on one KV head, the prefix's span and
+    # the denoising suffix's actions both ways.
+    variants += [(256, 8, True, 'bf16')]
     configs = [
         (
             f'd={d} group={group} spans={spans}',
