@@ -110,13 +110,19 @@ def test_an_image_size_other_than_the_towers_is_refused(folder):
         ('adapt_to_pi_aloha', True, r'adapt_to_pi_aloha True is not served'),
         ('empty_cameras', 1, r'empty_cameras 1 is not served'),
         ('num_expert_layers', 2, r'num_expert_layers 2 differs from num_vlm_layers 4'),
-        ('rtc_config', {'enabled': True}, r'real-time chunking is not served'),
     ],
 )
 def test_options_that_change_the_computation_are_refused(folder, field, value, message):
     _edit(folder / 'config.json', **{field: value})
     with pytest.raises(CheckpointError, match=message):
         read_smolvla_spec(folder, vlm_folder=folder / 'vlm')
+
+
+def test_an_inference_time_rtc_config_is_served(folder):
+    """LeRobot's rtc_config is real-time chunking at inference, which the engine does with its
+    own rtc_* settings: the folder is read as without it."""
+    _edit(folder / 'config.json', rtc_config={'enabled': True, 'execution_horizon': 10})
+    assert read_smolvla_spec(folder, vlm_folder=folder / 'vlm').policy_type == 'smolvla'
 
 
 def test_a_tokenizer_length_other_than_the_configs_is_refused(folder):

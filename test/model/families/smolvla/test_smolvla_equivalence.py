@@ -73,7 +73,7 @@ def _steps(spec):
     return out
 
 
-def _served_chunks(folder, spec, steps, *, burst: int) -> list[np.ndarray]:
+def _served_chunks(folder, spec, steps, *, burst: int, guidance=None) -> list[np.ndarray]:
     model = load_smolvla_model(folder, spec)
     memory = KVMemory(
         KVMemoryConfig(num_pages=64, page_size=4, num_req_slots=4, max_context_len=48)
@@ -106,6 +106,7 @@ def _served_chunks(folder, spec, steps, *, burst: int) -> list[np.ndarray]:
             denoise_steps=spec.num_inference_steps,
             noise=noise,
             proprio=state,
+            guidance=None if guidance is None else guidance[n],
         )
         scheduler.add_request(req)
         reqs.append(req)

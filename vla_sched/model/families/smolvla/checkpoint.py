@@ -339,11 +339,8 @@ def _refuse_unserved(config: Mapping[str, Any]) -> None:
             raise CheckpointError(
                 f'{CONFIG_FILE} {name} {config[name]!r} is not served ({served!r})'
             )
-    rtc = config.get('rtc_config')
-    if isinstance(rtc, Mapping) and rtc.get('enabled'):
-        raise CheckpointError(
-            f'{CONFIG_FILE} rtc_config.enabled is true: real-time chunking is not served'
-        )
+    # rtc_config is LeRobot's inference-time real-time chunking (policies/rtc): it changes no
+    # weight, and the engine guides a robot's steps by its own rtc_* settings.
     layers, experts = config.get('num_vlm_layers'), config.get('num_expert_layers', -1)
     if isinstance(experts, int) and experts > 0 and experts != layers:
         raise CheckpointError(

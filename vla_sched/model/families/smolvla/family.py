@@ -8,7 +8,8 @@ Nothing is shared between steps: the prefix starts with the images.
 
 Settings read: ``smolvla_vlm_path`` (the folder holding the VLM's ``config.json`` and tokenizer
 files; empty: the Hugging Face cache of the config's ``vlm_model_name``) and ``seed`` (the
-noise's seed, with the robot and its step number).
+noise's seed, with the robot and its step number) and ``rtc_*`` (real-time chunking's
+guidance of a step that carries its robot's previous chunk, as pi0's).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from vla_sched.model.families.smolvla.checkpoint import (
     POLICY_TYPE,
     SmolVLASpec,
 )
+from vla_sched.model.runner.flow_guidance import RtcSettings
 
 if TYPE_CHECKING:
     import torch
@@ -93,7 +95,12 @@ class SmolVLAServedModel:
     family = FAMILY_NAME
 
     def __init__(
-        self, folder: Path, spec: SmolVLASpec, processor: SmolVLAProcessor, seed: int
+        self,
+        folder: Path,
+        spec: SmolVLASpec,
+        processor: SmolVLAProcessor,
+        seed: int,
+        rtc: RtcSettings | None = None,
     ) -> None:
         from vla_sched.model.families.smolvla.steps import SmolVLAStepTranslator
 
@@ -102,7 +109,7 @@ class SmolVLAServedModel:
         self.processor = processor
         self.model_name = folder.name
         self.translator = SmolVLAStepTranslator(
-            spec, processor, model_name=self.model_name, seed=seed
+            spec, processor, model_name=self.model_name, seed=seed, rtc=rtc
         )
         self.shape = step_shape(spec)
         self.rules = serving_rules(spec)
@@ -194,7 +201,8 @@ class SmolVLAFamily:
         except CheckpointError as exc:
             raise FamilyError(str(exc)) from None
         seed = int(options.setting('seed', 0))
-        return SmolVLAServedModel(folder, spec, SmolVLAProcessor(spec, tokenizer), seed)
+        rtc = RtcSettings.from_settings(options.settings)
+        return SmolVLAServedModel(folder, spec, SmolVLAProcessor(spec, tokenizer), seed, rtc)
 
 
 FAMILY = SmolVLAFamily()

@@ -18,6 +18,11 @@ or the pass index; see ``core/forward_batch.py``):
   positions ``0 ..``. Each row moves by one Euler step (``dt = -1 / K``, ``t = 1 + k dt``)
   and its last pass returns the normalized chunk ``[chunk_size, max_action_dim]``.
 
+A row with real-time-chunking guidance (``batch.guidance``) gets its velocity guided towards
+its target as pi0's rows do (``model/runner/flow_guidance.py``: one vector-Jacobian product
+through the expert per pass, the rows without guidance in the same pass with a zero mask);
+the cross caches are only read, so the product flows through the actions alone.
+
 The denoising state lives on the request's row, so passes chain on the device whatever the
 host has processed; a retracted request gets a new row and starts over from its prefix.
 """
@@ -29,10 +34,11 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
-from vla_sched.core.forward_batch import ForwardBatch, ForwardMode, ForwardOutput
+from vla_sched.core.forward_batch import FlowGuidance, ForwardBatch, ForwardMode, ForwardOutput
 from vla_sched.model.families.pi0.runner import MARKER_TOKEN_ID, _Done
 from vla_sched.model.families.smolvla.model import CrossReads, SmolVLAModel
 from vla_sched.model.layers.attention import AttentionMetadata
+from vla_sched.model.runner.flow_guidance import guided_velocity
 
 PixelsOf = Callable[[Sequence[np.ndarray]], torch.Tensor]
 
@@ -80,7 +86,7 @@ class SmolVLARunner:
             (num_rows, chunk_size, model.max_action_dim), dtype=torch.float32, device=self.device
         )
 
-    @torch.inference_mode()
+    @torch.no_grad()  # not inference mode: a guided pass runs autograd on this pass's tensors
     def launch(self, batch: ForwardBatch) -> _Done:
         batch.check()
         passes = batch.denoise_passes
@@ -183,10 +189,18 @@ class SmolVLARunner:
         dt = -1.0 / self.num_steps
         t = torch.tensor([1.0 + k * dt for k in passes], dtype=torch.float32)
         x = self._x[rows]
-        v = self.model.velocity(
-            x_t=x, t=t, meta=meta, reads=reads, kv_caches=self.kv_caches,
-            cross_caches=self.cross_caches,
-        )  # fmt: skip
+
+        def velocity_of(x_t: torch.Tensor) -> torch.Tensor:
+            return self.model.velocity(
+                x_t=x_t, t=t, meta=meta, reads=reads, kv_caches=self.kv_caches,
+                cross_caches=self.cross_caches,
+            )  # fmt: skip
+
+        guidance = [batch.guidance[i] for i in indices] if batch.guidance else []
+        if any(g is not None for g in guidance):
+            v = self._guided(velocity_of, x, t, guidance)
+        else:
+            v = velocity_of(x)
         x = x + dt * v
         self._x[rows] = x
         return {
@@ -194,6 +208,38 @@ class SmolVLARunner:
             for n, (i, k) in enumerate(zip(indices, passes, strict=True))
             if k == self.num_steps - 1
         }
+
+    def _guided(
+        self,
+        velocity_of: Callable[[torch.Tensor], torch.Tensor],
+        x: torch.Tensor,
+        t: torch.Tensor,
+        guidance: list[FlowGuidance | None],
+    ) -> torch.Tensor:
+        """Real-time chunking: the rows' velocities guided towards their targets (rows
+        without guidance get a zero mask, so their velocity is the plain one)."""
+        zeros = torch.zeros(x.shape[1:], dtype=torch.float32)
+        target = torch.stack(
+            [zeros if g is None else torch.as_tensor(g.target) for g in guidance]
+        ).to(self.device)
+        weights = torch.stack(
+            [zeros[:, 0] if g is None else torch.as_tensor(g.weights) for g in guidance]
+        ).to(self.device)
+        max_weight = torch.tensor(
+            [0.0 if g is None else g.max_weight for g in guidance], device=self.device
+        )
+        v = guided_velocity(
+            velocity_of,
+            x_t=x,
+            t=t.to(self.device),
+            target=target,
+            weights=weights,
+            max_weight=max_weight,
+        )
+        for k_cache, v_cache in self.kv_caches:  # the pass wrote the actions with its graph
+            k_cache.detach_()
+            v_cache.detach_()
+        return v
 
     def _suffix_metadata(self, rows: list[int], prefix_lens: list[int]) -> AttentionMetadata:
         """The actions over each row's prefix for the joint layers: a slot table of the rows'

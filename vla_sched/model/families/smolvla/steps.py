@@ -6,18 +6,24 @@ placeholder id per image token (each camera an ``ImageInput`` at its offset, key
 ids (the instruction and a newline), then one placeholder the runner replaces by the state
 token; the normalized, padded state is the request's ``proprio``. The request denoises in
 ``num_steps`` passes (``max_new_tokens`` one more: the prefix pass's marker) from noise drawn
-for it (pi0's ``step_noise``), and belongs to no session: its prefix starts with the images.
+for it (pi0's ``step_noise``), guided towards the robot's previous chunk when the step carries
+it (real-time chunking, as pi0's: ``RtcSettings.guidance`` over the previous actions
+normalized as the model made them), and belongs to no session: its prefix starts with the
+images.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from vla_sched.core.forward_batch import ImageInput
+import numpy as np
+
+from vla_sched.core.forward_batch import FlowGuidance, ImageInput
 from vla_sched.core.scheduling.request import Req
 from vla_sched.model.families.images import image_content_hash
 from vla_sched.model.families.pi0.steps import IMAGE_PLACEHOLDER_ID, MARKERS, step_noise
 from vla_sched.model.families.protocol import TranslatedStep
+from vla_sched.model.runner.flow_guidance import RtcSettings
 
 if TYPE_CHECKING:
     from vla_sched.model.families.protocol import StepFields
@@ -35,15 +41,38 @@ class SmolVLAStepTranslator:
         processor: its pre- and post-processing.
         model_name: the radix-cache namespace of every request (the folder's name).
         seed: ``engine.seed``, the noise's seed.
+        rtc: real-time chunking's settings (``engine.rtc_*``; None: their defaults).
     """
 
     def __init__(
-        self, spec: SmolVLASpec, processor: SmolVLAProcessor, *, model_name: str, seed: int
+        self,
+        spec: SmolVLASpec,
+        processor: SmolVLAProcessor,
+        *,
+        model_name: str,
+        seed: int,
+        rtc: RtcSettings | None = None,
     ) -> None:
         self.spec = spec
         self.processor = processor
         self.model_name = model_name
         self.seed = seed
+        self.rtc = rtc or RtcSettings()
+
+    def _guidance(self, request: StepFields) -> FlowGuidance | None:
+        """Real-time chunking's guidance when the step carries its robot's previous chunk:
+        the remaining actions normalized as the model made them, up to the chunk, the
+        ``inference_delay`` first ones frozen, the mask capped at the previous rows."""
+        previous = np.asarray(request.previous_actions)
+        spec = self.spec
+        if previous.ndim != 2 or previous.shape[0] == 0 or previous.shape[1] != spec.action_dim:
+            return None
+        target = np.zeros((spec.chunk_size, spec.max_action_dim), np.float32)
+        rows = self.processor.normalize_actions(previous[: spec.chunk_size])
+        target[: rows.shape[0]] = rows
+        return self.rtc.guidance(
+            target, num_rows=rows.shape[0], delay=int(request.inference_delay)
+        )
 
     def translate(self, request: StepFields) -> TranslatedStep:
         spec = self.spec
@@ -72,6 +101,7 @@ class SmolVLAStepTranslator:
             extra_key=self.model_name,
             proprio=self.processor.normalize_state(request.state).numpy(),
             denoise_steps=spec.num_inference_steps,
+            guidance=self._guidance(request),
             noise=step_noise(
                 spec, seed=self.seed, robot_id=request.robot_id, step_seq=request.step_seq
             ),
