@@ -44,9 +44,15 @@ robot's prefixes and denoising passes (``scheduled_pi0``) and with the same core
 a time (``one_at_a_time_pi0``: ``scheduler.max_running_requests`` 1, how openpi's server
 runs).
 
+``--smolvla`` writes a tiny SmolVLA folder (LeRobot's format with its tiny SmolVLM2 config and
+tokenizer folder, two cameras and a six-joint SO-100 state, 10 denoising passes for chunks of
+10) and serves it the same two ways (``scheduled_smolvla`` and ``one_at_a_time_smolvla``,
+how LeRobot's async server runs a policy).
+
     python -m bench.control_loop                          # N = 1 2 4 8 16, ~6 min on 2 cores
     python -m bench.control_loop --oft --robots 1 4 --windows 1
     python -m bench.control_loop --pi0 --capacity --json pi0.json --markdown pi0.md
+    python -m bench.control_loop --smolvla --robots 1 4 8 --windows 1
     python -m bench.control_loop --robots 8 --duration 20 --json out.json
     python -m bench.control_loop --capacity --json capacity.json --markdown capacity.md
 """
@@ -73,6 +79,9 @@ from bench.control_loop_report import (
     PI0_ONE_AT_A_TIME,
     PI0_SYSTEM,
     PI0_SYSTEMS,
+    SMOLVLA_ONE_AT_A_TIME,
+    SMOLVLA_SYSTEM,
+    SMOLVLA_SYSTEMS,
     SYSTEMS,
     TRIGGERS,
     LoopPlan,
@@ -103,6 +112,15 @@ OFT_JOINTS = ('eef_x', 'eef_y', 'eef_z', 'eef_ax', 'eef_ay', 'eef_az', 'finger_l
 PI0_CHUNK = 10
 PI0_STEPS = 10
 PI0_TOKENIZER_FOLDER = 'tokenizer'
+# The tiny SmolVLA server's chunks: 10 actions from 10 denoising passes (SmolVLA's num_steps);
+# its robots publish two cameras and an SO-100 arm's six joint states.
+SMOLVLA_CHUNK = 10
+SMOLVLA_STEPS = 10
+SMOLVLA_VLM_FOLDER = 'vlm'  # the writer's VLM_SUBFOLDER
+SMOLVLA_CAMERAS = ('front/image_raw', 'wrist/image_raw')
+SMOLVLA_JOINTS = (
+    'shoulder_pan', 'shoulder_lift', 'elbow_flex', 'wrist_flex', 'wrist_roll', 'gripper',
+)  # fmt: skip
 
 
 # --- the servers ----------------------------------------------------------------------------
@@ -151,12 +169,15 @@ def node_params(plan: LoopPlan, num_robots: int, system: str = 'scheduled') -> d
     ``scheduled_oft``: the scheduled core on ``plan.oft_model_path``)."""
     oft = system == OFT_SYSTEM
     pi0 = system in PI0_SYSTEMS
+    smolvla = system in SMOLVLA_SYSTEMS
     model_path = plan.oft_model_path if oft else plan.pi0_model_path if pi0 else plan.model_path
+    if smolvla:
+        model_path = plan.smolvla_model_path
     engine = {
         'mode': 'process',
         'model_path': model_path,
         'device': plan.device,
-        'core': 'scheduled' if oft or pi0 else system,
+        'core': 'scheduled' if oft or pi0 or smolvla else system,
         'heartbeat_timeout_s': 5.0,
         'start_timeout_s': plan.start_timeout_s,
     }
@@ -172,6 +193,10 @@ def node_params(plan: LoopPlan, num_robots: int, system: str = 'scheduled') -> d
     if oft or pi0:
         robot_defaults['camera_topics'] = list(OFT_CAMERAS)
         robot_defaults['state_joint_names'] = list(OFT_JOINTS)
+    if smolvla:
+        engine['smolvla_vlm_path'] = str(Path(plan.smolvla_model_path) / SMOLVLA_VLM_FOLDER)
+        robot_defaults['camera_topics'] = list(SMOLVLA_CAMERAS)
+        robot_defaults['state_joint_names'] = list(SMOLVLA_JOINTS)
     values = {
         'robot_ids': [f'robot_{i}' for i in range(num_robots)],
         'robot_defaults': robot_defaults,
@@ -179,7 +204,7 @@ def node_params(plan: LoopPlan, num_robots: int, system: str = 'scheduled') -> d
         'deadlines': {'step_budget_s': plan.budget_s},
         'diagnostics': {'period_s': 1.0},
     }
-    if system == PI0_ONE_AT_A_TIME:
+    if system in (PI0_ONE_AT_A_TIME, SMOLVLA_ONE_AT_A_TIME):
         values['scheduler'] = {'max_running_requests': 1}
     for name, value in plan.node_params.items():
         *groups, key = name.split('.')
@@ -236,14 +261,22 @@ def run_system(system: str, plan: LoopPlan, folder: Path, env: dict[str, str]) -
     return points
 
 
-def drive(system: str, num_robots: int, plan: LoopPlan, watch: Watch, server: Server):
+def fleet_config(system: str, plan: LoopPlan) -> FleetConfig:
+    """The simulated robots of ``system``: the cameras and joints its node expects."""
     camera_hz = plan.camera_rate_hz or 1.0 / plan.period_s
-    fleet_config = FleetConfig(camera_rate_hz=camera_hz)
     if system == OFT_SYSTEM or system in PI0_SYSTEMS:
-        fleet_config = FleetConfig(
+        return FleetConfig(
             camera_rate_hz=camera_hz, camera_topics=OFT_CAMERAS, joint_names=OFT_JOINTS
         )
-    fleet = RobotFleet(num_robots, fleet_config)
+    if system in SMOLVLA_SYSTEMS:
+        return FleetConfig(
+            camera_rate_hz=camera_hz, camera_topics=SMOLVLA_CAMERAS, joint_names=SMOLVLA_JOINTS
+        )
+    return FleetConfig(camera_rate_hz=camera_hz)
+
+
+def drive(system: str, num_robots: int, plan: LoopPlan, watch: Watch, server: Server):
+    fleet = RobotFleet(num_robots, fleet_config(system, plan))
     try:
         deadline = time.monotonic() + max(30.0, 10 * plan.period_s * num_robots)
         while not fleet.wait_for_chunks(0.0) and time.monotonic() < deadline:
@@ -494,6 +527,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         f'batched ({PI0_SYSTEM}) and one step at a time ({PI0_ONE_AT_A_TIME})',
     )
     parser.add_argument(
+        '--smolvla',
+        action='store_true',
+        help=f'write a tiny SmolVLA folder (two cameras, six joints, chunks of {SMOLVLA_CHUNK}) '
+        f'and serve it batched ({SMOLVLA_SYSTEM}) and one step at a time '
+        f'({SMOLVLA_ONE_AT_A_TIME})',
+    )
+    parser.add_argument(
         '--node-param',
         nargs='*',
         default=[],
@@ -527,11 +567,16 @@ def plan_from_args(args: argparse.Namespace) -> LoopPlan:
     systems = args.systems or (['scheduled', OFT_SYSTEM] if args.oft else list(CORES))
     if args.pi0 and not args.systems:
         systems = list(PI0_SYSTEMS)
+    if args.smolvla and not args.systems:
+        systems = [*(PI0_SYSTEMS if args.pi0 else ()), *SMOLVLA_SYSTEMS]
     model_path, oft_model_path, pi0_model_path = args.model_path, '', ''
+    smolvla_model_path = ''
     if args.oft:  # the two tiny folders, written now
         model_path, oft_model_path = write_oft_pair(Path(tempfile.mkdtemp(prefix='vla_oft_')))
     if args.pi0:
         pi0_model_path = write_tiny_pi0(Path(tempfile.mkdtemp(prefix='vla_pi0_')))
+    if args.smolvla:
+        smolvla_model_path = write_tiny_smolvla(Path(tempfile.mkdtemp(prefix='vla_smolvla_')))
     return LoopPlan(
         robot_counts=tuple(counts),
         period_s=args.period,
@@ -547,6 +592,7 @@ def plan_from_args(args: argparse.Namespace) -> LoopPlan:
         systems=tuple(systems),
         oft_model_path=oft_model_path,
         pi0_model_path=pi0_model_path,
+        smolvla_model_path=smolvla_model_path,
     )
 
 
@@ -576,6 +622,24 @@ def write_tiny_pi0(folder: Path) -> str:
         chunk_size=PI0_CHUNK,
         n_action_steps=PI0_CHUNK,
         num_inference_steps=PI0_STEPS,
+    )
+    return str(written)
+
+
+def write_tiny_smolvla(folder: Path) -> str:
+    """A tiny SmolVLA folder with its tiny VLM folder (two cameras, six state values, chunks
+    of ``SMOLVLA_CHUNK`` actions from ``SMOLVLA_STEPS`` denoising passes) in ``folder``: its
+    path."""
+    from vla_sched.testing.smolvla_writer import write_smolvla_checkpoint
+
+    written = write_smolvla_checkpoint(
+        folder / 'tiny-smolvla',
+        seed=0,
+        state_dim=len(SMOLVLA_JOINTS),
+        action_dim=len(SMOLVLA_JOINTS),
+        chunk_size=SMOLVLA_CHUNK,
+        n_action_steps=SMOLVLA_CHUNK,
+        num_steps=SMOLVLA_STEPS,
     )
     return str(written)
 

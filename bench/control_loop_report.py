@@ -30,8 +30,12 @@ OFT_SYSTEM = 'scheduled_oft'  # the scheduled core serving LoopPlan.oft_model_pa
 PI0_SYSTEM = 'scheduled_pi0'
 PI0_ONE_AT_A_TIME = 'one_at_a_time_pi0'
 PI0_SYSTEMS = (PI0_SYSTEM, PI0_ONE_AT_A_TIME)
-# The node's engine.core, then OpenVLA-OFT's, then pi0's.
-SYSTEMS = (*CORES, OFT_SYSTEM, *PI0_SYSTEMS)
+# The same two for LoopPlan.smolvla_model_path (one at a time: LeRobot's async server).
+SMOLVLA_SYSTEM = 'scheduled_smolvla'
+SMOLVLA_ONE_AT_A_TIME = 'one_at_a_time_smolvla'
+SMOLVLA_SYSTEMS = (SMOLVLA_SYSTEM, SMOLVLA_ONE_AT_A_TIME)
+# The node's engine.core, then OpenVLA-OFT's, then pi0's, then SmolVLA's.
+SYSTEMS = (*CORES, OFT_SYSTEM, *PI0_SYSTEMS, *SMOLVLA_SYSTEMS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +59,7 @@ class LoopPlan:
     systems: tuple[str, ...] = CORES
     oft_model_path: str = ''  # an OpenVLA-OFT folder of the LIBERO preset's shapes
     pi0_model_path: str = ''  # a pi0 folder (two cameras, eight state values)
+    smolvla_model_path: str = ''  # a SmolVLA folder (two cameras, six state values)
 
     def __post_init__(self) -> None:
         if not self.robot_counts or min(self.robot_counts) < 1:
@@ -73,6 +78,8 @@ class LoopPlan:
             raise ValueError(f'system {OFT_SYSTEM} and oft_model_path go together')
         if bool(set(PI0_SYSTEMS) & set(self.systems)) != bool(self.pi0_model_path):
             raise ValueError(f'systems {PI0_SYSTEMS} and pi0_model_path go together')
+        if bool(set(SMOLVLA_SYSTEMS) & set(self.systems)) != bool(self.smolvla_model_path):
+            raise ValueError(f'systems {SMOLVLA_SYSTEMS} and smolvla_model_path go together')
 
 
 @dataclass
