@@ -41,12 +41,14 @@ def robot_steps(spec):
     return out
 
 
-def served_chunks(folder, spec, steps, *, burst: int = 8, guidance=None) -> list[np.ndarray]:
-    """The normalized chunks of ``steps`` served together through the scheduler on the
-    folder's model (``guidance``: one ``FlowGuidance`` or None per step)."""
+def serve(folder, spec, steps, *, burst: int = 8, guidance=None, pass_sizes=None, backend='torch'):
+    """``steps`` served together through the scheduler on the folder's model
+    (``guidance``: one ``FlowGuidance`` or None per step; ``pass_sizes``: the runner's padded
+    sizes), ``check_integrity()`` after every scheduler step: their normalized chunks and
+    the runner."""
     model = load_pi0_model(folder, spec)
     memory = KVMemory(
-        KVMemoryConfig(num_pages=256, page_size=4, num_req_slots=4, max_context_len=96)
+        KVMemoryConfig(num_pages=256, page_size=4, num_req_slots=8, max_context_len=96)
     )
     runner = FlowMatchingRunner(
         model,
@@ -55,7 +57,8 @@ def served_chunks(folder, spec, steps, *, burst: int = 8, guidance=None) -> list
         num_steps=spec.num_inference_steps,
         chunk_size=spec.chunk_size,
         pixels_of=pixels_of,
-        backend='torch',
+        backend=backend,
+        pass_sizes=pass_sizes,
     )
     config = SchedulerConfig(enable_overlap=False, num_continuous_decode_steps=burst)
     scheduler = Scheduler(config, memory, runner, clock=time.time_ns)
@@ -86,7 +89,13 @@ def served_chunks(folder, spec, steps, *, burst: int = 8, guidance=None) -> list
             break
         scheduler.run_once()
         scheduler.check_integrity()
-    return [req.action_chunk for req in reqs]
+    assert not scheduler.has_work()
+    return [req.action_chunk for req in reqs], runner
+
+
+def served_chunks(folder, spec, steps, *, burst: int = 8, guidance=None) -> list[np.ndarray]:
+    """The normalized chunks of ``steps`` served together (``serve``)."""
+    return serve(folder, spec, steps, burst=burst, guidance=guidance)[0]
 
 
 def reference_inputs(spec, steps) -> dict:

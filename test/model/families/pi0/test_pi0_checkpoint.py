@@ -182,7 +182,6 @@ def test_unknown_variant_is_refused_naming_the_field(pi0_folder, copy_of):
     ('changes', 'named'),
     [
         ({'use_relative_actions': True}, 'use_relative_actions'),
-        ({'rtc_config': {'enabled': True, 'execution_horizon': 10}}, 'rtc_config.enabled'),
         ({'training_time_rtc_enabled': True}, 'training_time_rtc_enabled'),
         ({'empty_cameras': 1}, 'empty_cameras'),
         ({'n_obs_steps': 2}, 'n_obs_steps'),
@@ -196,9 +195,12 @@ def test_options_not_served_are_refused_naming_the_field(pi0_folder, copy_of, ch
     assert named in _refusal(folder)
 
 
-def test_an_inference_rtc_config_left_disabled_is_served(pi0_folder, copy_of):
+@pytest.mark.parametrize('enabled', [False, True])
+def test_an_inference_rtc_config_is_served_the_robots_settings_decide(
+    pi0_folder, copy_of, enabled
+):
     folder = copy_of(pi0_folder)
-    _edit_json(folder / 'config.json', rtc_config={'enabled': False, 'execution_horizon': 10})
+    _edit_json(folder / 'config.json', rtc_config={'enabled': enabled, 'execution_horizon': 10})
     assert read_pi0_spec(folder).policy_type == 'pi0'
 
 

@@ -5,19 +5,12 @@ and the padding counted."""
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pytest
 import torch
-from pi0_serving import MARKER, pixels_of
+from pi0_serving import pixels_of, serve
 
-from vla_sched.core.forward_batch import FlowGuidance, ImageInput
-from vla_sched.core.memory.kv_config import KVMemoryConfig
-from vla_sched.core.memory.kv_memory import KVMemory
-from vla_sched.core.scheduling.request import Req
-from vla_sched.core.scheduling.scheduler import Scheduler
-from vla_sched.core.scheduling.scheduler_config import SchedulerConfig
+from vla_sched.core.forward_batch import FlowGuidance
 from vla_sched.model.families.openvla_oft.passes import PassSize
 from vla_sched.model.families.pi0.checkpoint import read_pi0_spec
 from vla_sched.model.families.pi0.passes import Pi0PassSizes
@@ -53,53 +46,10 @@ def _steps(spec, num_robots: int):
 
 
 def _serve(folder, spec, steps, *, pass_sizes=None, backend='torch', guidance=None, burst=1):
-    """The normalized chunks of ``steps`` served together through the scheduler, and the
-    runner (``check_integrity()`` after every scheduler step)."""
-    model = load_pi0_model(folder, spec)
-    memory = KVMemory(
-        KVMemoryConfig(num_pages=256, page_size=4, num_req_slots=8, max_context_len=96)
-    )
-    runner = FlowMatchingRunner(
-        model,
-        req_to_token=memory.req_to_token_pool.req_to_token,
-        num_kv_slots=(memory.allocator.num_pages + 1) * 4,
-        num_steps=spec.num_inference_steps,
-        chunk_size=spec.chunk_size,
-        pixels_of=pixels_of,
+    return serve(
+        folder, spec, steps, burst=burst, guidance=guidance, pass_sizes=pass_sizes,
         backend=backend,
-        pass_sizes=pass_sizes,
-    )
-    config = SchedulerConfig(enable_overlap=False, num_continuous_decode_steps=burst)
-    scheduler = Scheduler(config, memory, runner, clock=time.time_ns)
-    per_image = spec.num_image_tokens
-    guidance = guidance or [None] * len(steps)
-    reqs = []
-    for n, ((ids, images, state, noise), guide) in enumerate(zip(steps, guidance, strict=True)):
-        spans = tuple(
-            ImageInput(content_hash=1000 * n + c, token_offset=c * per_image,
-                       num_tokens=per_image, pixels=image)
-            for c, image in enumerate(images)
-        )  # fmt: skip
-        req = Req(
-            rid=f'r{n}',
-            origin_input_ids=(0,) * (per_image * len(images)) + tuple(ids),
-            sampling=MARKER,
-            max_new_tokens=spec.num_inference_steps + 1,
-            images=spans,
-            denoise_steps=spec.num_inference_steps,
-            noise=noise,
-            proprio=state if spec.policy_type == 'pi0' else None,
-            guidance=guide,
-        )
-        scheduler.add_request(req)
-        reqs.append(req)
-    for _ in range(50):
-        if not scheduler.has_work():
-            break
-        scheduler.run_once()
-        scheduler.check_integrity()
-    assert not scheduler.has_work()
-    return [req.action_chunk for req in reqs], runner
+    )  # fmt: skip
 
 
 def _assert_same(got, want) -> None:

@@ -431,7 +431,8 @@ def _size_fields(size: Any) -> dict[str, int]:
 def _refuse_unserved_options(
     config: Mapping[str, Any], steps: Sequence[Mapping[str, Any]]
 ) -> None:
-    """Relative actions and real-time chunking change what a chunk means; neither is served."""
+    """Relative actions and training-time real-time chunking change what a chunk means;
+    neither is served."""
     if config.get('use_relative_actions'):
         raise CheckpointError(
             f'{CONFIG_FILE} use_relative_actions is true: relative actions are not served'
@@ -443,11 +444,9 @@ def _refuse_unserved_options(
             raise CheckpointError(
                 f'the processor step {name!r} converts relative actions, which are not served'
             )
-    rtc = config.get('rtc_config')
-    if isinstance(rtc, Mapping) and rtc.get('enabled'):
-        raise CheckpointError(
-            f'{CONFIG_FILE} rtc_config.enabled is true: real-time chunking is not served'
-        )
+    # LeRobot's rtc_config is inference-time guidance: served per robot (robots.<id>.rtc
+    # and the engine.rtc_* settings), whatever the folder says. A model trained for
+    # real-time chunking conditions on the committed prefix instead: not served.
     trained = sorted(k for k, v in config.items() if k.startswith('training_time_rtc') and v)
     if trained:
         raise CheckpointError(
