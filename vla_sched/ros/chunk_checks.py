@@ -24,8 +24,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from vla_sched.ros.chunk_executor import Chunk
 from vla_sched.ros.conversions import stamp_to_ns
+from vla_sched.ros.executor_chunk import Chunk
 
 
 class ChunkRefusedError(ValueError):

@@ -43,6 +43,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from vla_sched.ros.executor_chunk import Chunk
 from vla_sched.ros.merge import Kept, MergeRule
 from vla_sched.ros.text_bounds import MAX_VALUE_CHARS, bounded
 from vla_sched.ros.windows import MsLatencyWindow
@@ -72,51 +73,6 @@ DEFAULT_MAX_STAMP_SKEW_NS = 1_000_000_000
 # controller: the least time between a tick and the first point it sends.
 DEFAULT_MIN_LEAD_NS = 15_000_000
 PERIOD_WINDOW_ACTIONS = 256
-
-
-@dataclass(frozen=True, slots=True)
-class Chunk:
-    """One ActionChunk as plain data: ``actions`` is ``[horizon, dof]`` float64."""
-
-    step_seq: int
-    stamp_ns: int
-    dt_ns: int
-    deadline_ns: int
-    actions: np.ndarray
-    joint_names: tuple[str, ...]
-    action_space: str
-    frame_id: str
-
-    def __post_init__(self) -> None:
-        if self.dt_ns <= 0:
-            raise ValueError(f'chunk {self.step_seq}: dt must be positive, got {self.dt_ns} ns')
-        if self.actions.ndim != 2 or self.actions.shape[0] == 0:
-            raise ValueError(f'chunk {self.step_seq}: no [horizon, dof] actions')
-        if self.actions.shape[1] != len(self.joint_names):
-            raise ValueError(
-                f'chunk {self.step_seq}: {self.actions.shape[1]} action columns for '
-                f'{len(self.joint_names)} joint names'
-            )
-        if not np.all(np.isfinite(self.actions)):
-            raise ValueError(f'chunk {self.step_seq}: non-finite actions')
-
-    @property
-    def horizon(self) -> int:
-        return self.actions.shape[0]
-
-    @property
-    def end_ns(self) -> int:
-        return self.stamp_ns + self.horizon * self.dt_ns
-
-    def index_at(self, at_ns: int) -> int | None:
-        """The action that covers ``at_ns``, or None before the chunk's start or after its end."""
-        if at_ns < self.stamp_ns or at_ns >= self.end_ns:
-            return None
-        return (at_ns - self.stamp_ns) // self.dt_ns
-
-    def reached_ns(self, index: int) -> int:
-        """When action ``index`` is reached: the end of its interval."""
-        return self.stamp_ns + (index + 1) * self.dt_ns
 
 
 @dataclass(frozen=True, slots=True)

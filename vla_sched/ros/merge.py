@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from vla_sched.ros.chunk_executor import Chunk
+    from vla_sched.ros.executor_chunk import Chunk
 
 MERGE_MODES = ('latest', 'aligned', 'blend', 'temporal_ensemble', 'rtc', 'off')
 GRIPPER_WORDS = ('gripper', 'finger')
