@@ -133,11 +133,14 @@ class SmolVLAServedModel:
         dtype: torch.dtype,
         cuda_graphs: bool,
     ) -> BatchRunner:
-        """The ``SmolVLARunner`` on the folder's model (eager: no CUDA graphs yet)."""
+        """The ``SmolVLARunner`` on the folder's model (its prefix and denoising passes
+        replayed as CUDA graphs with ``cuda_graphs`` on a GPU)."""
+        from vla_sched.model.families.smolvla.passes import smolvla_pass_sizes
         from vla_sched.model.families.smolvla.runner import SmolVLARunner
         from vla_sched.model.families.smolvla.weights import load_smolvla_model
 
         model = load_smolvla_model(self.folder, self.spec, device=device, dtype=dtype)
+        graphs = cuda_graphs and device.type == 'cuda'
         return SmolVLARunner(
             model,
             req_to_token=req_to_token,
@@ -145,6 +148,8 @@ class SmolVLAServedModel:
             num_steps=self.spec.num_inference_steps,
             chunk_size=self.spec.chunk_size,
             pixels_of=self.processor.pixels,
+            cuda_graphs=graphs,
+            pass_sizes=smolvla_pass_sizes(self.spec) if graphs else None,
         )
 
     def one_step_baseline(self, *, device: torch.device, dtype: torch.dtype) -> OneStepBaseline:

@@ -25,6 +25,12 @@ the cross caches are only read, so the product flows through the actions alone.
 
 The denoising state lives on the request's row, so passes chain on the device whatever the
 host has processed; a retracted request gets a new row and starts over from its prefix.
+
+With ``cuda_graphs`` (or ``pass_sizes`` for the same paths run eagerly, as the CPU tests do)
+the prefix and denoising passes run padded at prepared sizes (``graphs.py``, sizes in
+``passes.py``: replayed as CUDA graphs on a GPU); the tower and guided rows stay eager. What
+each path ran is counted (``padding_stats``: ``prefix`` in tokens, ``denoise`` in rows,
+``vision`` in images, always eager).
 """
 
 from __future__ import annotations
@@ -35,10 +41,20 @@ import numpy as np
 import torch
 
 from vla_sched.core.forward_batch import FlowGuidance, ForwardBatch, ForwardMode, ForwardOutput
+from vla_sched.model.families.openvla_oft.passes import OFTPass
+from vla_sched.model.families.pi0.passes import Pi0PassSizes
 from vla_sched.model.families.pi0.runner import MARKER_TOKEN_ID, _Done
+from vla_sched.model.families.smolvla.graphs import (
+    NUM_PREFIX_PADDING_SLOTS,
+    SMOLVLA_PATH_UNITS,
+    SmolVLADenoiseGraphs,
+    SmolVLAPrefixGraphs,
+)
 from vla_sched.model.families.smolvla.model import CrossReads, SmolVLAModel
 from vla_sched.model.layers.attention import AttentionMetadata
 from vla_sched.model.runner.flow_guidance import guided_velocity
+from vla_sched.model.runner.padded_paths import captured_or_eager
+from vla_sched.model.runner.padding_stats import PaddingCounter, PaddingStats
 
 PixelsOf = Callable[[Sequence[np.ndarray]], torch.Tensor]
 
@@ -56,6 +72,13 @@ class SmolVLARunner:
         pixels_of: a step's camera images (uint8 ``[H, W, 3]``) as the tower's input
             ``[N, 3, S, S]`` in [-1, 1] (the family's processor).
         backend: the attention kernels' backend ('auto': Triton on CUDA, torch elsewhere).
+        cuda_graphs: capture the padded prefix and denoising passes as CUDA graphs (a CUDA
+            device and ``pass_sizes``; the passes run the Triton kernels).
+        pass_sizes: the padded paths' prepared sizes (``smolvla_pass_sizes``); given without
+            ``cuda_graphs``, the same padded passes run eagerly. None: the plain eager passes.
+
+    Raises:
+        ValueError: for ``cuda_graphs`` off CUDA or without ``pass_sizes``.
     """
 
     def __init__(
@@ -68,11 +91,19 @@ class SmolVLARunner:
         chunk_size: int,
         pixels_of: PixelsOf,
         backend: str = 'auto',
+        cuda_graphs: bool = False,
+        pass_sizes: Pi0PassSizes | None = None,
     ) -> None:
         if num_steps < 1:
             raise ValueError(f'num_steps must be >= 1, got {num_steps}')
+        if cuda_graphs and model.device.type != 'cuda':
+            raise ValueError('CUDA graphs need the model on a CUDA device')
+        if cuda_graphs and pass_sizes is None:
+            raise ValueError('CUDA graphs need the prepared sizes (pass_sizes)')
         self.model = model
         self.device = model.device
+        # The engine's table (on the host): a row's slots are read from it at each pass.
+        self.engine_table = req_to_token
         self.req_to_token = req_to_token.to(self.device)
         self.num_steps = num_steps
         self.chunk_size = chunk_size
@@ -80,11 +111,66 @@ class SmolVLARunner:
         self.backend = backend
         num_rows = req_to_token.shape[0]
         self.scratch_start = num_kv_slots
-        self.kv_caches = model.allocate_kv_cache(num_kv_slots + num_rows * chunk_size)
-        self.cross_caches = model.allocate_cross_cache(num_kv_slots)
+        # Past the engine's slots: one chunk per request row, then (padded paths) the padding
+        # rows' chunk and the prefix padding's slots, which the cross caches hold too.
+        pad_slot = num_kv_slots + num_rows * chunk_size
+        num_slots, num_cross_slots = pad_slot, num_kv_slots
+        if pass_sizes is not None:
+            num_slots += chunk_size + NUM_PREFIX_PADDING_SLOTS
+            num_cross_slots = num_slots
+        self.kv_caches = model.allocate_kv_cache(num_slots)
+        self.cross_caches = model.allocate_cross_cache(num_cross_slots)
         self._x = torch.zeros(
             (num_rows, chunk_size, model.max_action_dim), dtype=torch.float32, device=self.device
         )
+        self._padding = {path: PaddingCounter() for path in SMOLVLA_PATH_UNITS}
+        self.denoise_graphs: SmolVLADenoiseGraphs | None = None
+        self.prefix_graphs: SmolVLAPrefixGraphs | None = None
+        if pass_sizes is not None:
+            self._build_padded_paths(pass_sizes, pad_slot=pad_slot, cuda_graphs=cuda_graphs)
+
+    def _build_padded_paths(
+        self, sizes: Pi0PassSizes, *, pad_slot: int, cuda_graphs: bool
+    ) -> None:
+        """The padded paths (each captured with ``cuda_graphs``; one that cannot be runs
+        eagerly, with a warning)."""
+
+        def denoise(capture: bool) -> SmolVLADenoiseGraphs:
+            return SmolVLADenoiseGraphs(
+                self.model,
+                self.kv_caches,
+                self.cross_caches,
+                batch_sizes=sizes.denoise_batch_sizes,
+                chunk_size=self.chunk_size,
+                num_steps=self.num_steps,
+                table_width=self.engine_table.shape[1] + self.chunk_size,
+                pad_slot=pad_slot,
+                capture=capture,
+                backend=self.backend,
+                padding=self._padding['denoise'],
+            )
+
+        def prefix(capture: bool) -> SmolVLAPrefixGraphs:
+            return SmolVLAPrefixGraphs(
+                self.model,
+                self.kv_caches,
+                self.cross_caches,
+                sizes=sizes.prefix_sizes(),
+                first_pad_slot=pad_slot + self.chunk_size,
+                capture=capture,
+                backend=self.backend,
+                padding=self._padding['prefix'],
+            )
+
+        self.prefix_graphs = captured_or_eager(cuda_graphs, prefix, 'SmolVLA prefix pass')
+        self.denoise_graphs = captured_or_eager(cuda_graphs, denoise, 'SmolVLA denoising pass')
+
+    def padding_stats(self) -> dict[str, PaddingStats]:
+        """What each path ran since the runner was built: ``'prefix'`` (tokens),
+        ``'denoise'`` (rows of denoising passes) and ``'vision'`` (images, always eager), as
+        ``PaddingStats``; passes on the plain eager path (guided rows among them) count as
+        eager runs."""
+        return {path: counter.snapshot() for path, counter in self._padding.items()}
 
     @torch.no_grad()  # not inference mode: a guided pass runs autograd on this pass's tensors
     def launch(self, batch: ForwardBatch) -> _Done:
@@ -127,6 +213,7 @@ class SmolVLARunner:
         images = [image for i in indices for image in batch.images[i]]
         features = None
         if images:
+            self._padding['vision'].add_eager(len(images))
             features = model.image_features(self.pixels_of([im.pixels for im in images]))
         states = []
         for i in indices:
@@ -143,20 +230,19 @@ class SmolVLARunner:
                 n += 1
             offset += extend[i]
             embeds[offset - 1] = state_tokens[row]
-        lens = torch.tensor([extend[i] for i in indices], dtype=torch.int64)
-        meta = AttentionMetadata.build(
-            is_decode=False,
-            req_to_token=self.req_to_token,
-            req_pool_indices=batch.req_pool_indices[indices],
-            prefix_lens=torch.zeros(len(indices), dtype=torch.int64),
-            extend_lens=lens,
-            out_cache_loc=slots,
-            device=self.device,
-            backend=self.backend,
-            image_spans=torch.stack([torch.zeros_like(lens), lens - 1], dim=1),
-        )
-        model.run_prefix(embeds, meta, self.kv_caches)
-        model.store_cross_kv(slots, self.kv_caches, self.cross_caches)
+        lens = [extend[i] for i in indices]
+        if self.prefix_graphs is None:
+            passes = [OFTPass(0, len(indices), 0, len(ids), size=None)]
+        else:
+            passes = self.prefix_graphs.plan(lens)
+        pool_rows = batch.req_pool_indices[indices]
+        for p in passes:
+            if p.size is not None:
+                self.prefix_graphs.run_pass(p, embeds=embeds, seq_lens=lens, out_cache_loc=slots)
+            else:
+                self._plain_prefix(
+                    embeds[p.tokens], slots[p.tokens], pool_rows[p.requests], lens[p.requests]
+                )
         for i in indices:
             noise = batch.noise[i] if batch.noise else None
             if noise is None:
@@ -164,12 +250,36 @@ class SmolVLARunner:
             row = int(batch.req_pool_indices[i])
             self._x[row] = torch.as_tensor(np.asarray(noise, np.float32), device=self.device)
 
+    def _plain_prefix(
+        self, embeds: torch.Tensor, slots: torch.Tensor, pool_rows: torch.Tensor, lens: list[int]
+    ) -> None:
+        """The prefixes of ``lens`` on the plain eager pass, images and language both ways,
+        the state token causal; then the cross layers' projections of their K/V."""
+        self._padding['prefix'].add_eager(int(slots.shape[0]))
+        lens_t = torch.tensor(lens, dtype=torch.int64)
+        meta = AttentionMetadata.build(
+            is_decode=False,
+            req_to_token=self.req_to_token,
+            req_pool_indices=pool_rows,
+            prefix_lens=torch.zeros(len(lens), dtype=torch.int64),
+            extend_lens=lens_t,
+            out_cache_loc=slots,
+            device=self.device,
+            backend=self.backend,
+            image_spans=torch.stack([torch.zeros_like(lens_t), lens_t - 1], dim=1),
+        )
+        self.model.run_prefix(embeds, meta, self.kv_caches)
+        self.model.store_cross_kv(slots, self.kv_caches, self.cross_caches)
+
     # ---- a denoising pass ---------------------------------------------------------------
 
     def _denoise(
         self, batch: ForwardBatch, indices: list[int], *, step: int
     ) -> dict[int, np.ndarray]:
-        """One Euler step of every denoising row; the chunks of the rows that finished."""
+        """One Euler step of every denoising row; the chunks of the rows that finished.
+
+        On the padded path the rows without guidance run there; guided rows (and every
+        row without the padded path) run on the plain eager pass."""
         passes = [batch.denoise_passes[i] + step for i in indices]
         if any(k >= self.num_steps for k in passes):
             raise ValueError(f'a denoising pass index is past the {self.num_steps} passes')
@@ -177,6 +287,66 @@ class SmolVLARunner:
         # Pass k's marker sits at position P + k: the prefix is the first P positions.
         prefix_lens = [pos[i] - batch.denoise_passes[i] for i in indices]
         rows = [int(batch.req_pool_indices[i]) for i in indices]
+        dt = -1.0 / self.num_steps
+        t = torch.tensor([1.0 + k * dt for k in passes], dtype=torch.float32)
+        guidance = [batch.guidance[i] for i in indices] if batch.guidance else []
+        x = self._x[rows]
+        if self.denoise_graphs is None:
+            x = self._plain_step(rows, prefix_lens, t, x, guidance)
+        else:
+            x = self._padded_step(rows, prefix_lens, t, x, guidance)
+        self._x[rows] = x
+        return {
+            i: x[n].cpu().numpy().copy()
+            for n, (i, k) in enumerate(zip(indices, passes, strict=True))
+            if k == self.num_steps - 1
+        }
+
+    def _padded_step(
+        self,
+        rows: list[int],
+        prefix_lens: list[int],
+        t: torch.Tensor,
+        x: torch.Tensor,
+        guidance: list[FlowGuidance | None],
+    ) -> torch.Tensor:
+        """The rows' new ``x``: those without guidance from the padded pass, the guided
+        ones from the plain eager pass."""
+        guided = [n for n, g in enumerate(guidance) if g is not None]
+        plain = [n for n in range(len(rows)) if not guidance or guidance[n] is None]
+        out = torch.empty_like(x)
+        if plain:
+            plain_rows = [rows[n] for n in plain]
+            lens = [prefix_lens[n] for n in plain]
+            out[plain] = self.denoise_graphs.run(
+                x=x[plain],
+                t=t[plain],
+                tables=self._suffix_tables(
+                    plain_rows, lens, width=self.denoise_graphs.table_width
+                ),
+                prefix_lens=lens,
+                first_slots=[self._first_scratch_slot(row) for row in plain_rows],
+            )
+        if guided:
+            out[guided] = self._plain_step(
+                [rows[n] for n in guided],
+                [prefix_lens[n] for n in guided],
+                t[guided],
+                x[guided],
+                [guidance[n] for n in guided],
+            )
+        return out
+
+    def _plain_step(
+        self,
+        rows: list[int],
+        prefix_lens: list[int],
+        t: torch.Tensor,
+        x: torch.Tensor,
+        guidance: list[FlowGuidance | None],
+    ) -> torch.Tensor:
+        """The rows' new ``x`` from the plain eager pass (guided where they have guidance)."""
+        self._padding['denoise'].add_eager(len(rows))
         meta = self._suffix_metadata(rows, prefix_lens)
         reads = CrossReads(
             req_to_token=self.req_to_token,
@@ -186,9 +356,6 @@ class SmolVLARunner:
             ),
             backend=self.backend,
         )
-        dt = -1.0 / self.num_steps
-        t = torch.tensor([1.0 + k * dt for k in passes], dtype=torch.float32)
-        x = self._x[rows]
 
         def velocity_of(x_t: torch.Tensor) -> torch.Tensor:
             return self.model.velocity(
@@ -196,18 +363,11 @@ class SmolVLARunner:
                 cross_caches=self.cross_caches,
             )  # fmt: skip
 
-        guidance = [batch.guidance[i] for i in indices] if batch.guidance else []
         if any(g is not None for g in guidance):
             v = self._guided(velocity_of, x, t, guidance)
         else:
             v = velocity_of(x)
-        x = x + dt * v
-        self._x[rows] = x
-        return {
-            i: x[n].cpu().numpy().copy()
-            for n, (i, k) in enumerate(zip(indices, passes, strict=True))
-            if k == self.num_steps - 1
-        }
+        return x + (-1.0 / self.num_steps) * v
 
     def _guided(
         self,
@@ -240,6 +400,25 @@ class SmolVLARunner:
             k_cache.detach_()
             v_cache.detach_()
         return v
+
+    def _first_scratch_slot(self, row: int) -> int:
+        return self.scratch_start + row * self.chunk_size
+
+    def _suffix_tables(
+        self, rows: list[int], prefix_lens: list[int], *, width: int
+    ) -> torch.Tensor:
+        """int32 ``[B, width]`` on the host: each row's prefix slots (the engine's table),
+        then its actions' scratch slots; the columns past them are never read."""
+        chunk = self.chunk_size
+        rows_t = torch.tensor(rows, dtype=torch.int64)
+        table = torch.zeros((len(rows), width), dtype=torch.int32)
+        held = min(width, self.engine_table.shape[1])
+        table[:, :held] = self.engine_table[rows_t, :held]
+        offsets = torch.arange(chunk, dtype=torch.int64)
+        columns = torch.tensor(prefix_lens, dtype=torch.int64)[:, None] + offsets
+        first = self.scratch_start + rows_t * chunk
+        table.scatter_(1, columns, (first[:, None] + offsets).to(torch.int32))
+        return table
 
     def _suffix_metadata(self, rows: list[int], prefix_lens: list[int]) -> AttentionMetadata:
         """The actions over each row's prefix for the joint layers: a slot table of the rows'
