@@ -23,14 +23,15 @@ DEFAULT_BUDGET_S = 510.0
 PARTS = (
     Part('environment', 27),  # the decode builds first (about 10 compiles), then the rates
     Part('kernels', 70),  # bench.gpu_kernels sweeps launch configs until 55 s in
-    Part('checkpoint', 52),
-    Part('model', 50),
-    Part('profile', 35),
-    Part('engine_core', 33, needs_checkpoint=True),
-    Part('serving', 100, needs_checkpoint=True),
-    Part('oft', 50, needs_checkpoint=True),
-    Part('scheduler', 38, needs_checkpoint=True),
-    Part('pi0', 55),  # last: unmeasured, it writes its own folder
+    Part('checkpoint', 50),
+    Part('model', 48),
+    Part('profile', 30),
+    Part('engine_core', 32, needs_checkpoint=True),
+    Part('serving', 93, needs_checkpoint=True),
+    Part('oft', 45, needs_checkpoint=True),
+    Part('scheduler', 37, needs_checkpoint=True),
+    Part('pi0', 50),  # unmeasured, it writes its own folder
+    Part('smolvla', 28),  # last: unmeasured, it writes its own folder
 )
 PART_NAMES = tuple(p.name for p in PARTS)
 

@@ -17,6 +17,7 @@ from bench.lib.tables import cell, markdown_table
 
 SECTION_PARTS = (
     'kernels', 'model', 'profile', 'engine_core', 'serving', 'oft', 'scheduler', 'pi0',
+    'smolvla',
 )  # fmt: skip
 ENDED = {'timed out': 'ran out of time', 'failed': 'failed'}
 

@@ -25,7 +25,7 @@ pytestmark = pytest.mark.slow  # seconds or more: not in the fast tier
 ROOT = Path(__file__).resolve().parents[2]
 PARTS = (
     'environment', 'kernels', 'checkpoint', 'model', 'profile', 'engine_core', 'serving',
-    'oft', 'scheduler', 'pi0',
+    'oft', 'scheduler', 'pi0', 'smolvla',
 )  # fmt: skip
 
 
