@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 
 import numpy as np
@@ -74,6 +75,9 @@ def test_three_robots_get_chunks_and_their_second_steps_reuse_the_session_prefix
     assert core.scheduler.metrics.robot('r1').num_steps_done == 2
     assert stats.robots['r1'].num_cached_session_prefix_tokens >= 16
     assert stats.robots['r1'].itl_ms_p50 > 0 and stats.robots['r1'].ttft_ms_p50 > 0
+    # The passes' measured costs, which size later passes by deadline, are reported.
+    assert stats.decode_step_ms > 0 and stats.num_deadline_waits >= 0
+    assert math.isnan(stats.prefill_us_per_token) or stats.prefill_us_per_token > 0
 
 
 def test_malformed_step_fails_at_once_and_the_engine_keeps_serving(core):

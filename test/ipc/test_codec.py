@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import msgpack
 import numpy as np
 import pytest
@@ -136,6 +138,9 @@ def test_every_message_type_round_trips():
             arrival_to_finish_ms_p99=20.0,
             itl_ms_p50=1.0,
             itl_ms_p99=2.0,
+            num_deadline_waits=2,
+            prefill_us_per_token=35.5,
+            decode_step_ms=4.25,
             aborts_by_reason={'kv_pool_full': 1},
             robots={
                 'a': m.RobotStats(
@@ -225,6 +230,7 @@ def _stats(**overrides) -> m.EngineStats:
         num_retracts_window=0, num_delayed_prefills=0, kv_use_percent=1.0, cache_hit_rate=0.5,
         arrival_to_finish_ms_p50=1.0, arrival_to_finish_ms_p99=2.0, itl_ms_p50=1.0,
         itl_ms_p99=2.0, aborts_by_reason={'queue_full': 2}, robots={'a': m.RobotStats()},
+        num_deadline_waits=0, prefill_us_per_token=20.0, decode_step_ms=3.0,
     )  # fmt: skip
     fields.update(overrides)
     return m.EngineStats(**fields)
@@ -411,6 +417,11 @@ def test_buffer_longer_than_its_shape_is_refused():
     frames = codec.encode(_request())
     longer = [*frames[:2], bytes(frames[2]) + b'\x00', frames[3]]
     _refused(longer, r'array state: 13 bytes .*\(12 bytes\)')
+
+
+def test_engine_stats_not_measured_yet_round_trip_as_nan():
+    got = _roundtrip(_stats(prefill_us_per_token=math.nan, decode_step_ms=math.nan))
+    assert math.isnan(got.prefill_us_per_token) and math.isnan(got.decode_step_ms)
 
 
 def test_zero_size_array_round_trips():

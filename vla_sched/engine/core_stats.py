@@ -94,4 +94,17 @@ def engine_stats(
         itl_ms_p99=metrics.itl.percentile_ms(99),
         aborts_by_reason=dict(metrics.aborts_by_reason),
         robots=robots,
+        num_deadline_waits=metrics.num_deadline_waits,
+        prefill_us_per_token=_us_per_token(metrics),
+        decode_step_ms=_decode_step_ms(metrics),
     )
+
+
+def _us_per_token(metrics: SchedulerMetrics) -> float:
+    line = metrics.pass_cost.prefill_line()
+    return float('nan') if line is None else line[1] / 1e3
+
+
+def _decode_step_ms(metrics: SchedulerMetrics) -> float:
+    step = metrics.pass_cost.decode_step_ns()
+    return float('nan') if step is None else step / 1e6

@@ -149,6 +149,11 @@ class EngineStats:
     robots: dict[str, RobotStats] = field(default_factory=dict)
     # Frames from the frontend the engine refused (unreadable, or not a message for it).
     num_bad_frames_received: int = 0
+    # Pass sizing by deadline: steps left for a later pass so that the others keep their
+    # deadlines, and the measured prefill cost per token and decode step (NaN: not yet).
+    num_deadline_waits: int = 0
+    prefill_us_per_token: float = float('nan')
+    decode_step_ms: float = float('nan')
 
 
 @dataclass(frozen=True, slots=True)

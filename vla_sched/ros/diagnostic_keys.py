@@ -76,6 +76,10 @@ ENGINE_KEYS = (
     'engine heartbeat age (s)',
     BAD_FRAMES_FROM_ENGINE_KEY,
 )
+# Pass sizing by deadline (the scheduler's measured costs and the steps it held back).
+DEADLINE_WAITS_KEY = 'steps held for a later pass (deadlines)'
+PREFILL_COST_KEY = 'measured prefill cost (us per token)'
+DECODE_STEP_COST_KEY = 'measured decode step (ms)'
 STATS_KEYS = (
     'waiting queue depth',
     'running batch size',
@@ -84,6 +88,9 @@ STATS_KEYS = (
     RETRACTS_WINDOW_KEY,
     *(f'aborts: {reason}' for reason in REASONS),
     'delayed prefills',
+    DEADLINE_WAITS_KEY,
+    PREFILL_COST_KEY,
+    DECODE_STEP_COST_KEY,
     'KV pool use (%)',
     CACHE_HIT_KEY,
     STEP_LATENCY_P50_KEY,
