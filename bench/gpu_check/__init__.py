@@ -76,11 +76,11 @@ pi0          50      -         pi0.5 at real sizes (Gemma 2B, the 300M expert, S
 smolvla      28      -         SmolVLA at real sizes (``lerobot/smolvla_base``: SmolVLM2-500M's
                                tower and 16 text layers, the expert) with random bf16 weights,
                                written in the work dir (``bench.smolvla_step``), served by the
-                               engine core with its prefix and denoising passes replayed as
-                               CUDA graphs: checked against an eager core on the same steps;
-                               one robot's step against its floor, 16 robots submitted
-                               together, the capacity at 10 Hz of chunks by the one capacity
-                               rule (bisection up to 32, 32 tried right after 1)
+                               engine core with its prefix, denoising and tower passes
+                               replayed as CUDA graphs: checked against an eager core on the
+                               same steps; one robot's step against its floor, 16 robots
+                               submitted together, the capacity at 10 Hz of chunks by the one
+                               capacity rule (bisection up to 32, 32 tried right after 1)
 ============ ======= ========= ================================================================
 
 (*) run B's serving part paced 10 fixed robot counts on one core; two cores (loaded in

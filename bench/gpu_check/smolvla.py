@@ -1,8 +1,8 @@
 """Part ``smolvla``: SmolVLA at real sizes (``lerobot/smolvla_base``: SmolVLM2-500M's tower and
 its first 16 text layers, the action expert 0.75 of their width) with random weights, two
 cameras, a six-joint state, chunks of 50 actions from 10 denoising passes, served by the
-engine core with CUDA graphs (``engine.cuda_graphs``: the prefix and denoising passes
-replayed, ``model/families/smolvla/graphs.py``; the tower eager).
+engine core with CUDA graphs (``engine.cuda_graphs``: the prefix and denoising passes and
+the tower replayed, ``model/families/smolvla/graphs.py``).
 
 The folder is written on the machine by ``bench.smolvla_step`` (random bfloat16 matrices, a
 VLM folder of SmolVLM2-500M's sizes with the tiny byte-level tokenizer, so the prompt is a

@@ -61,6 +61,7 @@ def test_the_part_dry_run_checks_times_and_bisects_the_padded_core_on_the_cpu(tm
         assert step['path'] == 'graphs' and step['padding']['denoise']['num_eager_runs'] == 0
         assert step['padding']['denoise']['num_real'] == 2 * step['robots'] * data['num_steps']
         assert step['padding']['prefix']['num_padded_runs'] >= 2
+        assert step['padding']['vision']['num_eager_runs'] == 0  # the tower padded too
         assert 'over_sglang' not in step
     eager = data['eager_step']['padding']
     assert eager['denoise']['num_padded_runs'] == 0

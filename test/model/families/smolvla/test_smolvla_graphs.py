@@ -138,7 +138,8 @@ def test_padded_passes_give_the_plain_chunks_for_robots_batched(folder, spec, nu
     assert stats['prefix'].num_real == prefix_tokens and stats['prefix'].num_eager_runs == 0
     if num_robots == 3:  # each pass of 3 rows padded to 4
         assert stats['denoise'].num_padding == spec.num_inference_steps
-    assert stats['vision'].num_eager == num_robots * len(spec.camera_keys)
+    assert stats['vision'].num_real == num_robots * len(spec.camera_keys)
+    assert stats['vision'].num_eager_runs == 0
     # The plain runner counts every pass as eager.
     assert plain.padding_stats()['denoise'].num_eager == denoise_rows
     assert plain.padding_stats()['prefix'].num_eager == prefix_tokens
@@ -147,7 +148,9 @@ def test_padded_passes_give_the_plain_chunks_for_robots_batched(folder, spec, nu
 def test_rows_beyond_the_largest_size_run_as_pieces_and_match_the_plain_chunks(folder, spec):
     steps = _steps(spec, 3)
     want, _ = _serve(folder, spec, steps, burst=4)
-    sizes = smolvla_pass_sizes(spec, prefix_robot_counts=(1,), denoise_batch_sizes=(2,))
+    sizes = smolvla_pass_sizes(
+        spec, prefix_robot_counts=(1,), denoise_batch_sizes=(2,), vision_batch_sizes=(2,)
+    )
     got, padded = _serve(folder, spec, steps, pass_sizes=sizes, burst=4)
     _assert_same(got, want)
     stats = padded.padding_stats()
@@ -195,7 +198,11 @@ def test_the_padded_passes_on_the_triton_kernels_give_the_plain_torch_chunks(fol
     steps = _steps(spec, 1)
     want, _ = _serve(folder, spec, steps)
     sizes = smolvla_pass_sizes(
-        spec, prefix_robot_counts=(1,), denoise_batch_sizes=(2,), token_multiple=16
+        spec,
+        prefix_robot_counts=(1,),
+        denoise_batch_sizes=(2,),
+        vision_batch_sizes=(1,),
+        token_multiple=16,
     )
     got, padded = _serve(folder, spec, steps, pass_sizes=sizes, backend='triton')
     _assert_same(got, want)
@@ -212,6 +219,7 @@ def test_cuda_graphs_need_a_cuda_device_and_the_sizes(folder, spec):
         SmolVLARunner(model, cuda_graphs=True, pass_sizes=smolvla_pass_sizes(spec), **common)
     plain = SmolVLARunner(model, **common)
     assert plain.denoise_graphs is None and plain.prefix_graphs is None
+    assert plain.vision_graphs is None
 
 
 def test_prefix_sizes_hold_every_prompt_the_folder_accepts_per_robot(spec):

@@ -24,6 +24,9 @@ are built eagerly and copied in; the graph holds the text layers, whose K/V stay
 paged cache, and the cross layers' projections of that K/V into the cross caches at the
 same slots. The cross caches span every slot of the paged cache, the reserved ones too.
 
+The tower (transformers' SmolVLM vision transformer, the pixel shuffle, the connector and
+the scale, ``SmolVLAImageFeatures``) runs through ``VisionGraphs`` at prepared image counts.
+
 Rows with real-time-chunking guidance need a vector-Jacobian product through the expert
 (autograd), which a captured graph does not hold: they run on the plain eager pass.
 """
@@ -33,6 +36,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+from torch import nn
 
 from vla_sched.model.families.openvla_oft.passes import OFTPass, PassSize, plan_passes
 from vla_sched.model.families.smolvla.model import CrossReads, SmolVLAModel
@@ -44,7 +48,7 @@ from vla_sched.model.runner.padding_stats import PaddingCounter
 
 # Reserved KV slots the prefix's padding tokens write in turn (their K/V is never read).
 NUM_PREFIX_PADDING_SLOTS = 64
-# What each path counts (``SmolVLARunner.padding_stats``); the tower always runs eagerly.
+# What each path counts (``SmolVLARunner.padding_stats``).
 SMOLVLA_PATH_UNITS = {'prefix': 'tokens', 'denoise': 'rows', 'vision': 'images'}
 # Rows of the prefix pass's per-request buffer: prefix length (always 0), extend length,
 # first token row, sequence length.
@@ -338,3 +342,16 @@ class SmolVLAPrefixGraphs(GraphRunner):
         self.model.run_prefix(self.embeds[:size], meta, self.kv_caches)
         self.model.store_cross_kv(self.out_cache_loc[:size], self.kv_caches, self.cross_caches)
         return self.positions[:size]  # nothing is read back: the caches are the output
+
+
+class SmolVLAImageFeatures(nn.Module):
+    """The tower, the pixel shuffle, the connector and the scale as one module
+    (``VisionGraphs`` captures it): ``[N, 3, S, S]`` pixels in [-1, 1] -> ``[N, tokens, text
+    width]`` in the model dtype."""
+
+    def __init__(self, model: SmolVLAModel) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
+        return self.model.image_features(pixels)

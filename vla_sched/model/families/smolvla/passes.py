@@ -6,8 +6,7 @@ prefix, rounded up to ``token_multiple``; denoising passes of 1 to 32 rows). A S
 robot's longest prefix is every camera's tokens (64 per camera at 512 pixels for
 SmolVLM2-500M), the prompt's longest (``tokenizer_max_length``, 48) and the state token:
 241 tokens with three cameras, so prefix sizes of 256, 512, 1,024 and 1,984 tokens. The
-tower is not padded (``vision_batch_sizes`` is unused): transformers' SmolVLM embeddings
-read each image's patch mask on the host, which a CUDA graph cannot hold.
+tower runs at ``vision_batch_sizes`` images (every camera of every robot of a prefix pass).
 """
 
 from __future__ import annotations

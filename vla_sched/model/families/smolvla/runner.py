@@ -28,9 +28,9 @@ host has processed; a retracted request gets a new row and starts over from its 
 
 With ``cuda_graphs`` (or ``pass_sizes`` for the same paths run eagerly, as the CPU tests do)
 the prefix and denoising passes run padded at prepared sizes (``graphs.py``, sizes in
-``passes.py``: replayed as CUDA graphs on a GPU); the tower and guided rows stay eager. What
-each path ran is counted (``padding_stats``: ``prefix`` in tokens, ``denoise`` in rows,
-``vision`` in images, always eager).
+``passes.py``: replayed as CUDA graphs on a GPU) and the tower through ``VisionGraphs``;
+guided rows stay on the plain eager pass (a backward pass). What each path ran is counted
+(``padding_stats``: ``prefix`` in tokens, ``denoise`` in rows, ``vision`` in images).
 """
 
 from __future__ import annotations
@@ -48,6 +48,7 @@ from vla_sched.model.families.smolvla.graphs import (
     NUM_PREFIX_PADDING_SLOTS,
     SMOLVLA_PATH_UNITS,
     SmolVLADenoiseGraphs,
+    SmolVLAImageFeatures,
     SmolVLAPrefixGraphs,
 )
 from vla_sched.model.families.smolvla.model import CrossReads, SmolVLAModel
@@ -55,6 +56,7 @@ from vla_sched.model.layers.attention import AttentionMetadata
 from vla_sched.model.runner.flow_guidance import guided_velocity
 from vla_sched.model.runner.padded_paths import captured_or_eager
 from vla_sched.model.runner.padding_stats import PaddingCounter, PaddingStats
+from vla_sched.model.runner.vision_graphs import VisionGraphs
 
 PixelsOf = Callable[[Sequence[np.ndarray]], torch.Tensor]
 
@@ -72,8 +74,8 @@ class SmolVLARunner:
         pixels_of: a step's camera images (uint8 ``[H, W, 3]``) as the tower's input
             ``[N, 3, S, S]`` in [-1, 1] (the family's processor).
         backend: the attention kernels' backend ('auto': Triton on CUDA, torch elsewhere).
-        cuda_graphs: capture the padded prefix and denoising passes as CUDA graphs (a CUDA
-            device and ``pass_sizes``; the passes run the Triton kernels).
+        cuda_graphs: capture the padded prefix and denoising passes and the tower as CUDA
+            graphs (a CUDA device and ``pass_sizes``; the passes run the Triton kernels).
         pass_sizes: the padded paths' prepared sizes (``smolvla_pass_sizes``); given without
             ``cuda_graphs``, the same padded passes run eagerly. None: the plain eager passes.
 
@@ -126,6 +128,7 @@ class SmolVLARunner:
         self._padding = {path: PaddingCounter() for path in SMOLVLA_PATH_UNITS}
         self.denoise_graphs: SmolVLADenoiseGraphs | None = None
         self.prefix_graphs: SmolVLAPrefixGraphs | None = None
+        self.vision_graphs: VisionGraphs | None = None
         if pass_sizes is not None:
             self._build_padded_paths(pass_sizes, pad_slot=pad_slot, cuda_graphs=cuda_graphs)
 
@@ -162,12 +165,25 @@ class SmolVLARunner:
                 padding=self._padding['prefix'],
             )
 
+        def vision(capture: bool) -> VisionGraphs:
+            image = self.model.sizes.vision.image_size
+            return VisionGraphs(
+                SmolVLAImageFeatures(self.model),
+                pixel_shape=(3, image, image),
+                batch_sizes=sizes.vision_batch_sizes,
+                device=self.device,
+                output_dtype=self.model.dtype,
+                capture=capture,
+                padding=self._padding['vision'],
+            )
+
+        self.vision_graphs = captured_or_eager(cuda_graphs, vision, 'SmolVLA tower')
         self.prefix_graphs = captured_or_eager(cuda_graphs, prefix, 'SmolVLA prefix pass')
         self.denoise_graphs = captured_or_eager(cuda_graphs, denoise, 'SmolVLA denoising pass')
 
     def padding_stats(self) -> dict[str, PaddingStats]:
         """What each path ran since the runner was built: ``'prefix'`` (tokens),
-        ``'denoise'`` (rows of denoising passes) and ``'vision'`` (images, always eager), as
+        ``'denoise'`` (rows of denoising passes) and ``'vision'`` (images), as
         ``PaddingStats``; passes on the plain eager path (guided rows among them) count as
         eager runs."""
         return {path: counter.snapshot() for path, counter in self._padding.items()}
@@ -213,8 +229,7 @@ class SmolVLARunner:
         images = [image for i in indices for image in batch.images[i]]
         features = None
         if images:
-            self._padding['vision'].add_eager(len(images))
-            features = model.image_features(self.pixels_of([im.pixels for im in images]))
+            features = self._image_features(self.pixels_of([im.pixels for im in images]))
         states = []
         for i in indices:
             state = batch.proprio[i] if batch.proprio else None
@@ -249,6 +264,12 @@ class SmolVLARunner:
                 raise ValueError(f'request {batch.rids[i]!r} starts denoising without noise')
             row = int(batch.req_pool_indices[i])
             self._x[row] = torch.as_tensor(np.asarray(noise, np.float32), device=self.device)
+
+    def _image_features(self, pixels: torch.Tensor) -> torch.Tensor:
+        if self.vision_graphs is not None:
+            return self.vision_graphs.encode(pixels)
+        self._padding['vision'].add_eager(int(pixels.shape[0]))
+        return self.model.image_features(pixels)
 
     def _plain_prefix(
         self, embeds: torch.Tensor, slots: torch.Tensor, pool_rows: torch.Tensor, lens: list[int]
