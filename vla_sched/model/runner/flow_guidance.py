@@ -22,7 +22,7 @@ With ``W`` all zero (or no target) the guided velocity is the plain one.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -77,6 +77,56 @@ class RtcSettings:
             chunk, delay=min(delay, horizon), horizon=horizon, schedule=self.schedule
         )
         return FlowGuidance(target=target, weights=weights, max_weight=self.max_guidance)
+
+
+def guidance_towards(
+    previous: np.ndarray,
+    *,
+    normalize: Callable[[np.ndarray], np.ndarray],
+    action_dim: int,
+    shape: tuple[int, int],
+    delay: int,
+    settings: RtcSettings,
+) -> FlowGuidance | None:
+    """A step's guidance towards its robot's previous chunk: ``previous`` (robot units,
+    ``[n, action_dim]``, row 0 at the step's first action) normalized as the model made it
+    (``normalize``: ``[n, action_dim]`` -> ``[n, width]``), up to the chunk, in a zero target
+    of ``shape`` (``[chunk, width]``), ``delay`` actions frozen, the mask ending with the
+    previous rows; None without previous actions or with another action size."""
+    previous = np.asarray(previous)
+    if previous.ndim != 2 or previous.shape[0] == 0 or previous.shape[1] != action_dim:
+        return None
+    target = np.zeros(shape, np.float32)
+    rows = normalize(previous[: shape[0]])
+    target[: rows.shape[0]] = rows
+    return settings.guidance(target, num_rows=rows.shape[0], delay=int(delay))
+
+
+def guided_rows(
+    velocity_of: Callable[[torch.Tensor], torch.Tensor],
+    *,
+    x_t: torch.Tensor,
+    t: torch.Tensor,
+    guidance: Sequence[FlowGuidance | None],
+) -> torch.Tensor:
+    """``guided_velocity`` for a pass's rows, each with its guidance or None (a zero mask:
+    its velocity is the plain one), the targets, masks and caps stacked on ``x_t``'s
+    device."""
+    device = x_t.device
+    zeros = torch.zeros(x_t.shape[1:], dtype=torch.float32)
+    target = torch.stack([zeros if g is None else torch.as_tensor(g.target) for g in guidance])
+    weights = torch.stack(
+        [zeros[:, 0] if g is None else torch.as_tensor(g.weights) for g in guidance]
+    )
+    max_weight = torch.tensor([0.0 if g is None else g.max_weight for g in guidance])
+    return guided_velocity(
+        velocity_of,
+        x_t=x_t,
+        t=t.to(device),
+        target=target.to(device),
+        weights=weights.to(device),
+        max_weight=max_weight.to(device),
+    )
 
 
 def soft_mask(chunk: int, *, delay: int, horizon: int, schedule: str = 'linear') -> np.ndarray:

@@ -30,7 +30,7 @@ from vla_sched.core.forward_batch import FlowGuidance, ImageInput, SamplingParam
 from vla_sched.core.scheduling.request import Req
 from vla_sched.model.families.images import image_content_hash
 from vla_sched.model.families.protocol import TranslatedStep
-from vla_sched.model.runner.flow_guidance import RtcSettings
+from vla_sched.model.runner.flow_guidance import RtcSettings, guidance_towards
 
 if TYPE_CHECKING:
     from vla_sched.model.families.pi0.checkpoint import Pi0Spec
@@ -48,14 +48,6 @@ def step_noise(spec: Pi0Spec, *, seed: int, robot_id: str, step_seq: int) -> np.
     robot = zlib.crc32(robot_id.encode())
     rng = np.random.default_rng([seed, robot, step_seq])
     return rng.standard_normal((spec.chunk_size, spec.max_action_dim)).astype(np.float32)
-
-
-def _no_guidance_reason(previous: np.ndarray, action_dim: int) -> str | None:
-    if previous.shape[0] == 0:
-        return 'no previous chunk'
-    if previous.shape[1] != action_dim:
-        return f'previous actions have {previous.shape[1]} columns, the model {action_dim}'
-    return None
 
 
 class Pi0StepTranslator:
@@ -84,18 +76,16 @@ class Pi0StepTranslator:
         self.rtc = rtc or RtcSettings()
 
     def _guidance(self, request: StepFields) -> FlowGuidance | None:
-        """Real-time chunking's guidance when the step carries its robot's previous chunk:
-        the remaining actions normalized as the model made them, up to the chunk, the
-        ``inference_delay`` first ones frozen."""
-        previous = request.previous_actions
-        if _no_guidance_reason(previous, self.spec.action_dim):
-            return None
+        """Real-time chunking's guidance when the step carries its robot's previous chunk
+        (``guidance_towards``)."""
         spec = self.spec
-        target = np.zeros((spec.chunk_size, spec.max_action_dim), np.float32)
-        rows = self.processor.normalize_actions(previous[: spec.chunk_size])
-        target[: rows.shape[0]] = rows
-        return self.rtc.guidance(
-            target, num_rows=rows.shape[0], delay=int(request.inference_delay)
+        return guidance_towards(
+            request.previous_actions,
+            normalize=self.processor.normalize_actions,
+            action_dim=spec.action_dim,
+            shape=(spec.chunk_size, spec.max_action_dim),
+            delay=request.inference_delay,
+            settings=self.rtc,
         )
 
     def translate(self, request: StepFields) -> TranslatedStep:

@@ -53,7 +53,7 @@ from vla_sched.model.families.smolvla.graphs import (
 )
 from vla_sched.model.families.smolvla.model import CrossReads, SmolVLAModel
 from vla_sched.model.layers.attention import AttentionMetadata
-from vla_sched.model.runner.flow_guidance import guided_velocity
+from vla_sched.model.runner.flow_guidance import guided_rows
 from vla_sched.model.runner.padded_paths import captured_or_eager
 from vla_sched.model.runner.padding_stats import PaddingCounter, PaddingStats
 from vla_sched.model.runner.vision_graphs import VisionGraphs
@@ -397,27 +397,11 @@ class SmolVLARunner:
         t: torch.Tensor,
         guidance: list[FlowGuidance | None],
     ) -> torch.Tensor:
-        """Real-time chunking: the rows' velocities guided towards their targets (rows
-        without guidance get a zero mask, so their velocity is the plain one)."""
-        zeros = torch.zeros(x.shape[1:], dtype=torch.float32)
-        target = torch.stack(
-            [zeros if g is None else torch.as_tensor(g.target) for g in guidance]
-        ).to(self.device)
-        weights = torch.stack(
-            [zeros[:, 0] if g is None else torch.as_tensor(g.weights) for g in guidance]
-        ).to(self.device)
-        max_weight = torch.tensor(
-            [0.0 if g is None else g.max_weight for g in guidance], device=self.device
-        )
-        v = guided_velocity(
-            velocity_of,
-            x_t=x,
-            t=t.to(self.device),
-            target=target,
-            weights=weights,
-            max_weight=max_weight,
-        )
-        for k_cache, v_cache in self.kv_caches:  # the pass wrote the actions with its graph
+        """Real-time chunking: the rows' velocities guided towards their targets
+        (``guided_rows``); the pass wrote its suffix into the caches with its graph, which
+        is dropped."""
+        v = guided_rows(velocity_of, x_t=x, t=t, guidance=guidance)
+        for k_cache, v_cache in self.kv_caches:
             k_cache.detach_()
             v_cache.detach_()
         return v

@@ -16,14 +16,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import numpy as np
-
 from vla_sched.core.forward_batch import FlowGuidance, ImageInput
 from vla_sched.core.scheduling.request import Req
 from vla_sched.model.families.images import image_content_hash
 from vla_sched.model.families.pi0.steps import IMAGE_PLACEHOLDER_ID, MARKERS, step_noise
 from vla_sched.model.families.protocol import TranslatedStep
-from vla_sched.model.runner.flow_guidance import RtcSettings
+from vla_sched.model.runner.flow_guidance import RtcSettings, guidance_towards
 
 if TYPE_CHECKING:
     from vla_sched.model.families.protocol import StepFields
@@ -60,18 +58,16 @@ class SmolVLAStepTranslator:
         self.rtc = rtc or RtcSettings()
 
     def _guidance(self, request: StepFields) -> FlowGuidance | None:
-        """Real-time chunking's guidance when the step carries its robot's previous chunk:
-        the remaining actions normalized as the model made them, up to the chunk, the
-        ``inference_delay`` first ones frozen, the mask capped at the previous rows."""
-        previous = np.asarray(request.previous_actions)
+        """Real-time chunking's guidance when the step carries its robot's previous chunk
+        (``guidance_towards``)."""
         spec = self.spec
-        if previous.ndim != 2 or previous.shape[0] == 0 or previous.shape[1] != spec.action_dim:
-            return None
-        target = np.zeros((spec.chunk_size, spec.max_action_dim), np.float32)
-        rows = self.processor.normalize_actions(previous[: spec.chunk_size])
-        target[: rows.shape[0]] = rows
-        return self.rtc.guidance(
-            target, num_rows=rows.shape[0], delay=int(request.inference_delay)
+        return guidance_towards(
+            request.previous_actions,
+            normalize=self.processor.normalize_actions,
+            action_dim=spec.action_dim,
+            shape=(spec.chunk_size, spec.max_action_dim),
+            delay=request.inference_delay,
+            settings=self.rtc,
         )
 
     def translate(self, request: StepFields) -> TranslatedStep:
