@@ -21,9 +21,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from vla_sched.model.config.checkpoint_spec import CheckpointError
+from vla_sched.model.families.flow_serving import FlowServedModel
 from vla_sched.model.families.pi0.checkpoint import CONFIG_FILE, POLICY_TYPES, Pi0Spec
 from vla_sched.model.families.protocol import (
     FamilyError,
@@ -37,9 +36,7 @@ if TYPE_CHECKING:
     import torch
 
     from vla_sched.core.forward_batch import BatchRunner
-    from vla_sched.core.scheduling.request import Req
     from vla_sched.model.families.pi0.processor import Pi0Processor
-    from vla_sched.model.families.protocol import OneStepBaseline, StepFields, TranslatedStep
 
 FAMILY_NAME = 'pi0'
 PROMPT_LAYOUT_FLOW = 'images first, one bidirectional prefix per step: steps share nothing'
@@ -76,7 +73,7 @@ def serving_rules(spec: Pi0Spec) -> ServingRules:
     )
 
 
-class FlowMatchingModel:
+class FlowMatchingModel(FlowServedModel):
     """One pi0 / pi0.5 checkpoint as the engine serves it (``ServedModel``)."""
 
     family = FAMILY_NAME
@@ -91,25 +88,16 @@ class FlowMatchingModel:
     ) -> None:
         from vla_sched.model.families.pi0.steps import Pi0StepTranslator
 
-        self.folder = folder
-        self.spec = spec
-        self.processor = processor
-        self.model_name = folder.name
-        self.translator = Pi0StepTranslator(
-            spec, processor, model_name=self.model_name, seed=seed, rtc=rtc
+        translator = Pi0StepTranslator(spec, processor, model_name=folder.name, seed=seed, rtc=rtc)
+        super().__init__(
+            folder,
+            spec,
+            processor,
+            translator,
+            shape=step_shape(spec),
+            rules=serving_rules(spec),
+            label='pi0 / pi0.5',
         )
-        self.shape = step_shape(spec)
-        self.rules = serving_rules(spec)
-
-    def translate(self, step: StepFields) -> TranslatedStep:
-        return self.translator.translate(step)
-
-    def instruction_tokens(self, text: str) -> int:
-        return self.processor.instruction_tokens(text)
-
-    def actions_of(self, req: Req) -> np.ndarray:
-        actions = self.processor.unnormalize_actions(req.action_chunk)
-        return actions.numpy().astype(np.float32)
 
     def build_runner(
         self,
@@ -137,11 +125,6 @@ class FlowMatchingModel:
             pixels_of=self.processor.pixels,
             cuda_graphs=graphs,
             pass_sizes=Pi0PassSizes.for_spec(self.spec) if graphs else None,
-        )
-
-    def one_step_baseline(self, *, device: torch.device, dtype: torch.dtype) -> OneStepBaseline:
-        raise FamilyError(
-            'engine.core sequential does not serve pi0 / pi0.5: use engine.core scheduled'
         )
 
 

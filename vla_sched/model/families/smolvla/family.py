@@ -20,9 +20,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from vla_sched.model.config.checkpoint_spec import CheckpointError
+from vla_sched.model.families.flow_serving import FlowServedModel
 from vla_sched.model.families.pi0.family import PROMPT_LAYOUT_FLOW
 from vla_sched.model.families.protocol import (
     FamilyError,
@@ -42,8 +41,6 @@ if TYPE_CHECKING:
     import torch
 
     from vla_sched.core.forward_batch import BatchRunner
-    from vla_sched.core.scheduling.request import Req
-    from vla_sched.model.families.protocol import OneStepBaseline, StepFields, TranslatedStep
     from vla_sched.model.families.smolvla.processor import SmolVLAProcessor
 
 FAMILY_NAME = 'smolvla'
@@ -89,7 +86,7 @@ def _vlm_folder(folder: Path, options: FamilyOptions) -> Path:
     return vlm_folder(named, repo=_vlm_name(folder))
 
 
-class SmolVLAServedModel:
+class SmolVLAServedModel(FlowServedModel):
     """One SmolVLA checkpoint as the engine serves it (``ServedModel``)."""
 
     family = FAMILY_NAME
@@ -104,25 +101,18 @@ class SmolVLAServedModel:
     ) -> None:
         from vla_sched.model.families.smolvla.steps import SmolVLAStepTranslator
 
-        self.folder = folder
-        self.spec = spec
-        self.processor = processor
-        self.model_name = folder.name
-        self.translator = SmolVLAStepTranslator(
-            spec, processor, model_name=self.model_name, seed=seed, rtc=rtc
+        translator = SmolVLAStepTranslator(
+            spec, processor, model_name=folder.name, seed=seed, rtc=rtc
         )
-        self.shape = step_shape(spec)
-        self.rules = serving_rules(spec)
-
-    def translate(self, step: StepFields) -> TranslatedStep:
-        return self.translator.translate(step)
-
-    def instruction_tokens(self, text: str) -> int:
-        return self.processor.instruction_tokens(text)
-
-    def actions_of(self, req: Req) -> np.ndarray:
-        actions = self.processor.unnormalize_actions(req.action_chunk)
-        return actions.numpy().astype(np.float32)
+        super().__init__(
+            folder,
+            spec,
+            processor,
+            translator,
+            shape=step_shape(spec),
+            rules=serving_rules(spec),
+            label='SmolVLA',
+        )
 
     def build_runner(
         self,
@@ -150,11 +140,6 @@ class SmolVLAServedModel:
             pixels_of=self.processor.pixels,
             cuda_graphs=graphs,
             pass_sizes=smolvla_pass_sizes(self.spec) if graphs else None,
-        )
-
-    def one_step_baseline(self, *, device: torch.device, dtype: torch.dtype) -> OneStepBaseline:
-        raise FamilyError(
-            'engine.core sequential does not serve SmolVLA: use engine.core scheduled'
         )
 
 
